@@ -19,9 +19,9 @@ advantage, broadcast over the tokens of each row:
 so the (B, T) advantages reach TRL's loss unchanged (it accepts per-token advantages).
 
 `ProcessRewardMixin` wraps `_generate_and_score_completions`, so it composes with any
-trainer whose output carries final advantages: TRL's GRPO (`GRPOProcessTrainer` below),
-RLOO, REINFORCE++ and POISE (`class X(ProcessRewardMixin, RLOOTrainer)`, with
-`ProcessRewardArguments` mixed into the config the same way).
+trainer whose output carries final advantages: GRPO, RLOO, REINFORCE++ and POISE
+(`class X(ProcessRewardMixin, RLOOTrainer)`, with `ProcessRewardArguments` mixed into the
+config the same way; the compositions live with their trainers in `poise_trl.trainers`).
 
 Cost: one extra no-grad forward per episode boundary (at most `process_reward_max_episodes`
 per completion) over prompt + prefix + force prompt + answer, batched and sorted by length.
@@ -35,7 +35,6 @@ import re
 from dataclasses import dataclass, field
 
 import torch
-from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad
 
@@ -335,17 +334,3 @@ class ProcessRewardMixin:
         n_rows, n_varying, n_rewards = totals["rows"]
         metrics["process/frac_rows_varying"].append(n_varying / max(n_rows, 1.0))
         metrics["process/rewards_per_row"].append(n_rewards / max(n_rows, 1.0))
-
-
-# ---------------------------------------------------------------------------------------
-# GRPO with process rewards (RLOO, REINFORCE++ and POISE compose the same way)
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class GRPOProcessConfig(ProcessRewardArguments, GRPOConfig):
-    """GRPOConfig plus the process-reward settings."""
-
-
-class GRPOProcessTrainer(ProcessRewardMixin, GRPOTrainer):
-    """TRL's GRPO (its own group-normalized outcome advantages) plus process rewards."""

@@ -10,8 +10,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poise_trl.process_rewards import (
-    GRPOProcessConfig,
-    GRPOProcessTrainer,
     ProcessRewardArguments,
     ProcessRewardMixin,
     answer_logprob_means,
@@ -22,7 +20,7 @@ from poise_trl.process_rewards import (
 from poise_trl.recipe import split_recipe
 from poise_trl.rewards import get_reward_functions
 from poise_trl.train import load_datasets, load_tokenizer
-from poise_trl.trainers.baselines import RLOOConfig, RLOOTrainer
+from poise_trl.trainers.baselines import GRPOProcessConfig, GRPOProcessTrainer, RLOOConfig, RLOOTrainer
 from poise_trl.trainers.poise import POISEConfig, POISETrainer
 from poise_trl.trainers.reinforce_pp import REINFORCEPPConfig, REINFORCEPPTrainer
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
-from poise_trl.process_rewards import GRPOProcessConfig, GRPOProcessTrainer
 from poise_trl.trainers.asyppo import (
     ASYPPO_DEFAULTS,
     PPO_DEFAULTS,
@@ -18,7 +17,8 @@ from poise_trl.trainers.asyppo import (
     AsyPPOConfig,
     AsyPPOTrainer,
 )
-from poise_trl.trainers.baselines import RLOOConfig, RLOOTrainer
+from poise_trl.trainers.base import CountingGRPOTrainer
+from poise_trl.trainers.baselines import GRPOProcessConfig, GRPOProcessTrainer, RLOOConfig, RLOOTrainer
 from poise_trl.trainers.dapo import DAPO_DEFAULTS, DAPOConfig, DAPOTrainer
 from poise_trl.trainers.poise import POISE_DEFAULTS, POISEConfig, POISETrainer
 from poise_trl.trainers.reinforce_pp import (
@@ -38,7 +38,7 @@ class Algorithm:
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm(GRPOConfig, GRPOTrainer, {}, "TRL's GRPO: group-mean baseline scaled by the group std"),
+    "grpo": Algorithm(GRPOConfig, CountingGRPOTrainer, {}, "TRL's GRPO: group-mean baseline scaled by the group std"),
     "rloo": Algorithm(RLOOConfig, RLOOTrainer, {"scale_rewards": "none"}, "leave-one-out baseline, no std scaling"),
     "poise": Algorithm(POISEConfig, POISETrainer, POISE_DEFAULTS, "2 rollouts, cross-rollout baseline from a hidden-state probe"),
     "asyppo": Algorithm(AsyPPOConfig, AsyPPOTrainer, ASYPPO_DEFAULTS, "2 small critics on disjoint halves, GAE, std-based masks"),

@@ -1,6 +1,7 @@
-"""The one seam every poise-trl algorithm uses in TRL's GRPOTrainer.
+"""The seams every poise-trl algorithm uses in TRL's GRPOTrainer.
 
-TRL computes group-mean advantages inside `_generate_and_score_completions` and hands on
+`CountingGRPOTrainer` counts what generation produced for training (the budget units of
+`poise compare`). TRL computes group-mean advantages inside `_generate_and_score_completions` and hands on
 a dict without rewards (see ../shared/docs/trl-notes.md). `AdvantageTrainer` keeps the
 gathered rewards from `_calculate_rewards` and lets a subclass replace the advantages
 with an estimator from `poise_trl.estimators`, before TRL's shuffle splits groups apart.
@@ -12,7 +13,34 @@ import torch
 from trl import GRPOTrainer
 
 
-class AdvantageTrainer(GRPOTrainer):
+class CountingGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer, plus exact global counts of the completion tokens and rollouts
+    generated for training: every generation round, including rounds whose groups DAPO's
+    dynamic sampling drops. TRL's own `num_tokens` also counts prompt tokens. The counts go
+    into every training log entry; `HeldOutEvalCallback` carries them across resumes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.generated_tokens = 0
+        self.generated_rollouts = 0
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Called once per generation round, after truncation at EOS.
+        if self.model.training:
+            local = torch.tensor([sum(len(ids) for ids in completion_ids_list), len(completion_ids_list)],
+                                 device=self.accelerator.device)
+            tokens, rollouts = self.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
+            self.generated_tokens += int(tokens)
+            self.generated_rollouts += int(rollouts)
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model.training:
+            logs = {**logs, "generated_tokens": self.generated_tokens, "generated_rollouts": self.generated_rollouts}
+        super().log(logs, start_time)
+
+
+class AdvantageTrainer(CountingGRPOTrainer):
     """GRPOTrainer whose advantages come from `compute_advantages` (a subclass hook)."""
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

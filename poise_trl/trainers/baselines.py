@@ -1,5 +1,5 @@
-"""The baselines users compare against, on GRPOTrainer's machinery: RLOO here; GRPO is
-TRL's own trainer, unchanged."""
+"""The baselines users compare against, on GRPOTrainer's machinery: GRPO (TRL's own
+advantages) and RLOO, each also with training-free process rewards (seed 002)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from trl import GRPOConfig
 
 from poise_trl import estimators
-from poise_trl.trainers.base import AdvantageTrainer
+from poise_trl.process_rewards import ProcessRewardArguments, ProcessRewardMixin
+from poise_trl.trainers.base import AdvantageTrainer, CountingGRPOTrainer
 
 
 @dataclass
@@ -23,3 +24,12 @@ class RLOOTrainer(AdvantageTrainer):
 
     def compute_advantages(self, rewards, output):
         return self.local_rows(estimators.rloo_advantages(rewards, self.num_generations))
+
+
+@dataclass
+class GRPOProcessConfig(ProcessRewardArguments, GRPOConfig):
+    """GRPOConfig plus the process-reward settings."""
+
+
+class GRPOProcessTrainer(ProcessRewardMixin, CountingGRPOTrainer):
+    """TRL's GRPO (its own group-normalized outcome advantages) plus process rewards."""

@@ -27,7 +27,7 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
+def user_errors() -> tuple[type[BaseException], ...]:
     from poise_trl.data import DatasetFormatError, DatasetUnavailableError
     from poise_trl.hub import HubPushError
     from poise_trl.recipe import RecipeError
@@ -53,7 +53,7 @@ def train(
         from poise_trl.train import train_from_recipe
 
         summary = train_from_recipe(spec, output_dir=output_dir, show_progress=not no_progress)
-    except _user_errors() as exc:
+    except user_errors() as exc:
         fail(str(exc))
         return
     table = Table(title=f"poise train: {summary['algo']} on {summary['dataset']}")
@@ -103,10 +103,12 @@ def toy_build_critic(
 
 def _register_commands() -> None:
     from poise_trl.cli.bench import bench
+    from poise_trl.cli.compare import compare
     from poise_trl.cli.probe_eval import probe_eval
 
     app.command("bench")(bench)
     app.command("probe-eval")(probe_eval)
+    app.command("compare")(compare)
 
 
 _register_commands()

@@ -20,13 +20,6 @@ _ROWS = {
 }
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from poise_trl.data import DatasetFormatError, DatasetUnavailableError
-
-    # ProbeEvalError, RecipeError and DatasetFormatError are ValueErrors.
-    return (DatasetFormatError, DatasetUnavailableError, FileNotFoundError, ValueError)
-
-
 def probe_eval(
     model: str = typer.Option(None, "--model", "-m", help="Policy: a local folder or hub id (with a chat template)."),
     dataset: str = typer.Option(
@@ -79,6 +72,8 @@ def probe_eval(
     with a fine-tuned value model, ablated probes and a constant; writes report.json and plots.
     """
     # Imported here, not at the top: `poise --help` and the other commands should not load torch for us.
+    from poise_trl.cli.main import fail, user_errors
+
     from poise_trl import probe_eval as lib
 
     try:
@@ -98,9 +93,7 @@ def probe_eval(
             value_batch_size=value_batch_size, batch_size=batch_size, output_dir=str(output_dir),
         )
         report = lib.run_probe_eval(settings, show_progress=not no_progress)
-    except _user_errors() as exc:
-        from poise_trl.cli.main import fail
-
+    except user_errors() as exc:
         fail(str(exc))
         return
     _print_report(report, output_dir)

@@ -1,9 +1,14 @@
-"""Training callbacks: periodic held-out accuracy and a rich progress display."""
+"""Training callbacks: held-out accuracy against compute (with an optional generation budget),
+a rich progress display, and POISE's probe report."""
 
 from __future__ import annotations
 
+import json
 import time
+import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import (
@@ -15,6 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from poise_trl.generation import evaluate_accuracy
 
@@ -32,40 +38,148 @@ def progress_bars(label: str, unit: str | None = None, enabled: bool = True):
         yield progress
 
 
+LEDGER_FILE = "heldout_ledger.json"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Stop training once `amount` generated `unit`s ("tokens": completion tokens, "rollouts")
+    were spent, evaluating at each of `points` equal fractions of it."""
+
+    unit: str
+    amount: int
+    points: int = 4
+
+    def __post_init__(self):
+        if self.unit not in ("tokens", "rollouts"):
+            raise ValueError(f"budget unit must be 'tokens' or 'rollouts', got {self.unit!r}")
+        if self.amount < 1 or self.points < 1:
+            raise ValueError(f"a budget needs amount >= 1 and points >= 1, got {self.amount} and {self.points}")
+
+    def points_reached(self, spent: int) -> int:
+        return min(self.points, spent * self.points // self.amount)
+
+
 class HeldOutEvalCallback(TrainerCallback):
-    """Avg@k accuracy of the policy on a held-out prompt set at the start, every `every`
-    optimizer steps, and at the end. Results accumulate in `history` (and go to TRL's log)."""
+    """Held-out Avg@k accuracy against the compute spent to reach it.
+
+    Evaluates at the start, every `every` optimizer steps, at each budget point, and at the
+    end. Every point records the step, the generated tokens and rollouts so far (counted by
+    `CountingGRPOTrainer`) and `train_seconds`: time inside optimizer steps only, so held-out
+    evaluation and checkpoint writing never count as an algorithm's cost. With a `budget`,
+    training stops once it is spent. The curve, the clock and the counters are saved in every
+    checkpoint (LEDGER_FILE) and restored on resume, so a resumed run's curve is continuous.
+    """
 
     def __init__(self, dataset, tokenizer, every: int, num_samples: int, temperature: float,
-                 max_new_tokens: int, batch_size: int, seed: int):
+                 max_new_tokens: int, batch_size: int, seed: int, budget: Budget | None = None,
+                 resume_from: str | None = None):
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.every = every
         self.sample_kwargs = dict(num_samples=num_samples, temperature=temperature,
                                   max_new_tokens=max_new_tokens, batch_size=batch_size)
         self.seed = seed
+        self.budget = budget
+        self.resume_from = resume_from
         self.history: list[dict] = []
-        self.trainer = None  # set by train.py: logging goes through the trainer
+        self.train_seconds = 0.0
+        self.budget_points_done = 0
+        self._step_started: float | None = None
+        self.trainer = None  # set by train.py: the generation counters and logging live there
 
-    def _evaluate(self, state, model) -> None:
+    # -- compute spent ----------------------------------------------------------------------------
+
+    def spent(self, unit: str) -> int:
+        return getattr(self.trainer, f"generated_{unit}", 0) if self.trainer is not None else 0
+
+    @property
+    def budget_reached(self) -> bool:
+        return self.budget is not None and self.spent(self.budget.unit) >= self.budget.amount
+
+    def _evaluate(self, state, model, **extra) -> None:
         if self.history and self.history[-1]["step"] == state.global_step:
+            self.history[-1].update(extra)
             return
         started = time.time()
         # Same sampling seed at every evaluation: differences between points come from the
         # policy, not from the draw.
         result = evaluate_accuracy(model, self.tokenizer, self.dataset, seed=self.seed, **self.sample_kwargs)
-        result.update(step=state.global_step, seconds=round(time.time() - started, 2))
+        result.update(step=state.global_step, generated_tokens=self.spent("tokens"),
+                      generated_rollouts=self.spent("rollouts"), train_seconds=round(self.train_seconds, 3),
+                      seconds=round(time.time() - started, 2), **extra)
         self.history.append(result)
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def _ledger(self) -> dict:
+        return {"history": self.history, "train_seconds": self.train_seconds,
+                "budget_points_done": self.budget_points_done,
+                "generated_tokens": self.spent("tokens"), "generated_rollouts": self.spent("rollouts")}
+
+    def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            (folder / LEDGER_FILE).write_text(json.dumps(self._ledger(), indent=1))
+
+    def budget_spent_in(self, checkpoint: str) -> bool:
+        path = Path(checkpoint) / LEDGER_FILE
+        if self.budget is None or not path.exists():
+            return False
+        return json.loads(path.read_text())[f"generated_{self.budget.unit}"] >= self.budget.amount
+
+    def restore(self, checkpoint: str) -> None:
+        path = Path(checkpoint) / LEDGER_FILE
+        if not path.exists():
+            if self.budget is not None:
+                raise FileNotFoundError(
+                    f"checkpoint {checkpoint} has no {LEDGER_FILE}: the tokens, rollouts and seconds spent before it "
+                    "are unknown, so a budgeted run cannot resume from it. Start the run afresh."
+                )
+            warnings.warn(f"{checkpoint} has no {LEDGER_FILE}: generation counts and the held-out curve restart "
+                          "from zero", stacklevel=2)
+            return
+        ledger = json.loads(path.read_text())
+        self.history = ledger["history"]
+        self.train_seconds = ledger["train_seconds"]
+        self.budget_points_done = ledger["budget_points_done"]
+        if self.trainer is not None:
+            self.trainer.generated_tokens = ledger["generated_tokens"]
+            self.trainer.generated_rollouts = ledger["generated_rollouts"]
+
+    # -- training events ----------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.resume_from:
+            self.restore(self.resume_from)
+        if state.is_world_process_zero and not self.history:
             self._evaluate(state, model)
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_started = time.perf_counter()
+
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if self.every and state.global_step % self.every == 0 and state.is_world_process_zero:
-            self._evaluate(state, model)
+        if self._step_started is not None:
+            self.train_seconds += time.perf_counter() - self._step_started
+            self._step_started = None
+        evaluate = bool(self.every) and state.global_step % self.every == 0
+        if self.budget is not None:
+            # Every process sees the same global counts, so all stop at the same step.
+            reached = self.budget.points_reached(self.spent(self.budget.unit))
+            if reached > self.budget_points_done:
+                self.budget_points_done = reached
+                evaluate = True
+            if self.budget_reached:
+                control.should_training_stop = True
+                control.should_save = True
+        if not evaluate:
+            return
+        control.should_log = True  # on every process: logging gathers the loss
+        if state.is_world_process_zero:
+            extra = {"budget_point": self.budget_points_done} if self.budget is not None else {}
+            self._evaluate(state, model, **extra)
             if self.trainer is not None:
-                self.trainer.log({"heldout/accuracy": self.history[-1]["accuracy"]})
+                self.trainer.pending_logs["heldout/accuracy"] = self.history[-1]["accuracy"]
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if state.is_world_process_zero:
@@ -77,7 +191,8 @@ class HeldOutEvalCallback(TrainerCallback):
 
 
 class RichProgressCallback(TrainerCallback):
-    """One live line: step, reward, held-out accuracy, elapsed and ETA (replaces tqdm)."""
+    """One live line: progress in steps (or in generated tokens/rollouts under a budget),
+    reward, held-out accuracy, elapsed and ETA (replaces tqdm)."""
 
     def __init__(self, eval_callback: HeldOutEvalCallback | None = None, console: Console | None = None):
         self.eval_callback = eval_callback
@@ -86,18 +201,31 @@ class RichProgressCallback(TrainerCallback):
         self.task = None
         self.reward: float | None = None
 
-    def _fields(self) -> dict:
+    @property
+    def _budget(self) -> Budget | None:
+        return self.eval_callback.budget if self.eval_callback else None
+
+    def _fields(self, state) -> dict:
         acc = self.eval_callback.latest if self.eval_callback else None
-        return {
+        fields = {
+            "step": state.global_step,
             "reward": "-" if self.reward is None else f"{self.reward:.3f}",
             "heldout": "-" if acc is None else f"{acc['accuracy']:.3f}",
         }
+        if self._budget is not None:
+            fields["completed"] = min(self.eval_callback.spent(self._budget.unit), self._budget.amount)
+        else:
+            fields["completed"] = state.global_step
+        return fields
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
             return
+        budget = self._budget
+        position = ("[bold]train[/] step {task.fields[step]}/{task.total}" if budget is None
+                    else f"[bold]train[/] step {{task.fields[step]}}, {budget.unit} {{task.completed}}/{{task.total}}")
         self.progress = Progress(
-            TextColumn("[bold]train[/] step {task.completed}/{task.total}"),
+            TextColumn(position),
             BarColumn(),
             TextColumn("reward {task.fields[reward]}  held-out acc {task.fields[heldout]}"),
             TimeElapsedColumn(),
@@ -107,7 +235,8 @@ class RichProgressCallback(TrainerCallback):
             transient=False,
         )
         self.progress.start()
-        self.task = self.progress.add_task("train", total=state.max_steps, **self._fields())
+        total = state.max_steps if budget is None else budget.amount
+        self.task = self.progress.add_task("train", total=total, **self._fields(state))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "reward" in logs:
@@ -115,11 +244,11 @@ class RichProgressCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.progress is not None:
-            self.progress.update(self.task, completed=state.global_step, **self._fields())
+            self.progress.update(self.task, **self._fields(state))
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.progress is not None:
-            self.progress.update(self.task, completed=state.global_step, **self._fields())
+            self.progress.update(self.task, **self._fields(state))
             self.progress.stop()
             self.progress = None
 

@@ -64,6 +64,12 @@ class RunSettings:
     eval_max_new_tokens: int = 256
     eval_batch_size: int = 128
     push_to_hub: bool = False  # push the final model and its card once training ends (not TRL's per-save push)
+    # A generation budget (`poise compare` sets one): stop once this many completion tokens, or
+    # rollouts, were generated for training, evaluating at `budget_eval_points` equal fractions
+    # of it. max_steps still caps the run.
+    budget_tokens: int | None = None
+    budget_rollouts: int | None = None
+    budget_eval_points: int = 4
 
 
 RUN_KEYS = {f.name for f in dataclasses.fields(RunSettings)}

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from poise_trl.callbacks import HeldOutEvalCallback, ProbeReportCallback, RichProgressCallback
+from poise_trl.callbacks import Budget, HeldOutEvalCallback, ProbeReportCallback, RichProgressCallback
 from poise_trl.data import load_prompt_dataset
 from poise_trl.generation import is_tiny_on_cpu, one_cpu_thread, require_chat_template
 from poise_trl.provenance import package_versions, write_json
@@ -103,10 +103,11 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     train_set, eval_set = load_datasets(settings, seed=args.seed)
     algo = get_algorithm(algo_name)
 
+    resume_from = resolve_resume_checkpoint(args)
     eval_callback = HeldOutEvalCallback(
         eval_set, tokenizer, every=settings.eval_every, num_samples=settings.eval_num_samples,
         temperature=settings.eval_temperature, max_new_tokens=settings.eval_max_new_tokens,
-        batch_size=settings.eval_batch_size, seed=args.seed,
+        batch_size=settings.eval_batch_size, seed=args.seed, budget=budget_from(settings), resume_from=resume_from,
     )
     callbacks = [eval_callback] + ([RichProgressCallback(eval_callback)] if show_progress else [])
     trainer = algo.trainer_class(
@@ -130,8 +131,16 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     started = time.time()
-    with one_cpu_thread(is_tiny_on_cpu(trainer.model)):
-        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    if resume_from and eval_callback.budget_spent_in(resume_from):
+        # Nothing is left to train, and Trainer would still take a step: finish from the checkpoint.
+        from transformers.trainer_callback import TrainerState
+
+        trainer._load_from_checkpoint(resume_from)
+        trainer.state = TrainerState.load_from_json(str(Path(resume_from) / "trainer_state.json"))
+        eval_callback.restore(resume_from)
+    else:
+        with one_cpu_thread(is_tiny_on_cpu(trainer.model)):
+            trainer.train(resume_from_checkpoint=resume_from)
     seconds = time.time() - started
     trainer.save_model(str(out / "final"))
 
@@ -142,11 +151,16 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         "dataset": settings.dataset,
         "steps": trainer.state.global_step,
         "wall_clock_seconds": round(seconds, 1),
+        "train_seconds": round(eval_callback.train_seconds, 3),
         "start_heldout_accuracy": history[0]["accuracy"] if history else None,
         "final_heldout_accuracy": history[-1]["accuracy"] if history else None,
         "final_heldout_stderr": history[-1]["stderr"] if history else None,
-        "generated_tokens": _generated_tokens(trainer),
+        "generated_tokens": trainer.generated_tokens,
+        "generated_rollouts": trainer.generated_rollouts,
+        "budget": dataclasses.asdict(eval_callback.budget) if eval_callback.budget else None,
+        "budget_reached": eval_callback.budget_reached if eval_callback.budget else None,
         "heldout_history": history,
+        "train_log": trainer.state.log_history,
         "recipe": recipe,
         "run_settings": dataclasses.asdict(settings),
         "trainer_config": args.to_dict(),
@@ -161,12 +175,33 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     return summary
 
 
-def _generated_tokens(trainer) -> int | None:
-    """TRL counts tokens it trained on (prompt + completion) in `num_tokens`, cumulative."""
-    for entry in reversed(trainer.state.log_history):
-        if "num_tokens" in entry:
-            return int(entry["num_tokens"])
-    return None
+def budget_from(settings: RunSettings) -> Budget | None:
+    if settings.budget_tokens is not None and settings.budget_rollouts is not None:
+        raise RecipeError("set budget_tokens or budget_rollouts, not both")
+    unit, amount = ("tokens", settings.budget_tokens) if settings.budget_tokens is not None else ("rollouts", settings.budget_rollouts)
+    if amount is None:
+        return None
+    try:
+        return Budget(unit, int(amount), int(settings.budget_eval_points))
+    except ValueError as exc:
+        raise RecipeError(f"invalid budget: {exc}") from None
+
+
+def resolve_resume_checkpoint(args) -> str | None:
+    """TRL's `resume_from_checkpoint`: a folder, or true for the newest checkpoint in output_dir."""
+    resume = args.resume_from_checkpoint
+    if resume in (None, False, "", "false", "False"):
+        return None
+    if resume in (True, "true", "True"):
+        from transformers.trainer_utils import get_last_checkpoint
+
+        last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+        if last is None:
+            raise RecipeError(f"resume_from_checkpoint: true, but {args.output_dir} holds no checkpoint-N folder")
+        return last
+    if not Path(resume).is_dir():
+        raise RecipeError(f"resume_from_checkpoint: {resume} is not a folder (give a checkpoint-N folder, or true)")
+    return str(resume)
 
 
 def load_datasets(settings: RunSettings, seed: int):

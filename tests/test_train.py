@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from poise_trl.recipe import load_recipe
+from poise_trl.recipe import RecipeError, load_recipe
 from poise_trl.train import train_from_recipe
 
 
@@ -68,3 +68,58 @@ def test_poise_run_writes_probe_report_and_plot(tmp_path, tiny_random_model_dir)
     assert report["versions"]["trl"].startswith("1.16")
     assert (out / "probe_values.png").stat().st_size > 1000
     assert (out / "checkpoint-2" / "poise_probe.safetensors").exists()
+
+
+def budget_recipe(tmp_path, model_dir, **extra):
+    # 4 rollouts per step: a budget of 8 rollouts is two steps, evaluated at 4 and 8.
+    settings = {"eval_every": 0, "max_steps": 100, "budget_rollouts": 8, "budget_eval_points": 2, **extra}
+    return tiny_recipe(tmp_path, model_dir, **settings)
+
+
+def test_budget_stops_the_run_and_records_compute_at_each_point(tmp_path, tiny_random_model_dir):
+    out = tmp_path / "budget"
+    summary = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir), str(out), show_progress=False)
+    assert summary["steps"] == 2 and summary["budget_reached"] is True
+    assert summary["generated_rollouts"] == 8
+    points = summary["heldout_history"]
+    assert [(p["step"], p.get("budget_point")) for p in points] == [(0, None), (1, 1), (2, 2)]
+    assert [p["generated_rollouts"] for p in points] == [0, 4, 8]
+    assert 0 < points[1]["generated_tokens"] < points[2]["generated_tokens"] == summary["generated_tokens"]
+    assert 0 == points[0]["train_seconds"] < points[1]["train_seconds"] < points[2]["train_seconds"]
+    # every training log entry carries the counters: the x-axis of compare's curves
+    steps = [e for e in summary["train_log"] if "grad_norm" in e]
+    assert [e["generated_rollouts"] for e in steps] == [4, 8]
+    ledger = json.loads((out / "checkpoint-2" / "heldout_ledger.json").read_text())
+    assert ledger["generated_rollouts"] == 8 and len(ledger["history"]) == 3
+
+
+def test_interrupted_budget_run_resumes_with_its_curve_and_counters(tmp_path, tiny_random_model_dir):
+    whole = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir), str(tmp_path / "whole"),
+                              show_progress=False)
+    out = tmp_path / "cut"
+    # max_steps=1 plays the interruption: the run ends after checkpoint-1, with half the budget spent
+    first = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir, max_steps=1), str(out), show_progress=False)
+    assert first["budget_reached"] is False and first["generated_rollouts"] == 4
+    resumed = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir, resume_from_checkpoint=True), str(out),
+                                show_progress=False)
+    assert resumed["steps"] == 2 and resumed["budget_reached"] is True
+    assert resumed["generated_rollouts"] == 8
+    assert [p["step"] for p in resumed["heldout_history"]] == [0, 1, 2]
+    # the resumed run draws what the uninterrupted one drew: same tokens, same held-out curve
+    assert resumed["generated_tokens"] == whole["generated_tokens"]
+    assert [p["accuracy"] for p in resumed["heldout_history"]] == [p["accuracy"] for p in whole["heldout_history"]]
+    assert resumed["train_seconds"] > first["train_seconds"]
+    # resuming from the checkpoint written when the budget ran out trains nothing more
+    again = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir, resume_from_checkpoint=True), str(out),
+                              show_progress=False)
+    assert (again["steps"], again["generated_rollouts"]) == (2, 8)
+    assert again["heldout_history"] == resumed["heldout_history"]
+
+
+def test_budget_settings_are_checked(tmp_path, tiny_random_model_dir):
+    with pytest.raises(RecipeError, match="not both"):
+        train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir, budget_tokens=100), str(tmp_path / "x"),
+                          show_progress=False)
+    with pytest.raises(RecipeError, match="holds no checkpoint"):
+        train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir, resume_from_checkpoint=True),
+                          str(tmp_path / "empty"), show_progress=False)

@@ -17,12 +17,15 @@ class CountingGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer, plus exact global counts of the completion tokens and rollouts
     generated for training: every generation round, including rounds whose groups DAPO's
     dynamic sampling drops. TRL's own `num_tokens` also counts prompt tokens. The counts go
-    into every training log entry; `HeldOutEvalCallback` carries them across resumes."""
+    into every training log entry; `HeldOutEvalCallback` carries them across resumes.
+    Callbacks put values for the step's log entry in `pending_logs` (a separate `log()` call
+    would take the step's TRL metrics with it)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.generated_tokens = 0
         self.generated_rollouts = 0
+        self.pending_logs: dict[str, float] = {}
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Called once per generation round, after truncation at EOS.
@@ -36,7 +39,9 @@ class CountingGRPOTrainer(GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:
-            logs = {**logs, "generated_tokens": self.generated_tokens, "generated_rollouts": self.generated_rollouts}
+            logs = {**logs, **self.pending_logs,
+                    "generated_tokens": self.generated_tokens, "generated_rollouts": self.generated_rollouts}
+            self.pending_logs = {}
         super().log(logs, start_time)
 
 

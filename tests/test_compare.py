@@ -1,0 +1,198 @@
+"""`poise compare`: crossing and aggregation on hand-made curves, and a two-step budget end to
+end (runs in subprocesses, skipped when complete, resumed from checkpoints)."""
+
+import json
+import shutil
+
+import pytest
+from poise_trl.cli.main import app
+from typer.testing import CliRunner
+
+from poise_trl import compare
+from poise_trl.callbacks import Budget
+
+
+def test_first_crossing_interpolates_between_evaluations():
+    xs, ys = [0, 100, 200], [0.5, 0.6, 0.8]
+    assert compare.first_crossing(xs, ys, 0.7) == pytest.approx(150)
+    assert compare.first_crossing(xs, ys, 0.6) == 100  # reached exactly at an evaluation
+    assert compare.first_crossing(xs, ys, 0.4) == 0  # already there at the start
+    assert compare.first_crossing(xs, ys, 0.81) is None  # never reached
+    # the first crossing counts, even if the curve falls back below the target afterwards
+    assert compare.first_crossing([0, 100, 200, 300], [0.5, 0.72, 0.6, 0.8], 0.7) == pytest.approx(100 * 0.2 / 0.22)
+
+
+def point(step, tokens, seconds, accuracy, budget_point=None):
+    p = {"step": step, "generated_tokens": tokens, "generated_rollouts": tokens // 10, "train_seconds": seconds,
+         "accuracy": accuracy}
+    return p if budget_point is None else {**p, "budget_point": budget_point}
+
+
+def test_aggregate_curves_over_seeds():
+    seed0 = [point(0, 0, 0.0, 0.5), point(3, 110, 10.0, 0.6, 1), point(6, 205, 20.0, 0.7, 2)]
+    seed1 = [point(0, 0, 0.0, 0.5), point(3, 100, 14.0, 0.7, 1), point(5, 201, 30.0, 0.9, 2)]
+    curve = compare.aggregate_curves([seed0, seed1])
+    assert [p["budget_point"] for p in curve] == [0, 1, 2]
+    last = curve[2]
+    assert last["accuracy_mean"] == pytest.approx(0.8)
+    assert last["accuracy_std"] == pytest.approx(0.1414213, rel=1e-5)  # sample std of (0.7, 0.9)
+    assert (last["accuracy_min"], last["accuracy_max"]) == (0.7, 0.9)
+    assert last["generated_tokens_mean"] == pytest.approx(203)
+    assert last["train_seconds_mean"] == pytest.approx(25) and last["train_seconds_std"] == pytest.approx(7.0710678)
+    assert curve[0]["accuracy_std"] == 0.0
+    # a seed that stopped short (max_steps cap) limits the aggregate to the points all seeds reached
+    assert len(compare.aggregate_curves([seed0, seed1[:2]])) == 2
+
+
+def test_budget_curve_keeps_start_and_budget_points_only():
+    history = [point(0, 0, 0, 0.5), point(2, 50, 1, 0.55), point(4, 100, 2, 0.6, 1), point(8, 200, 4, 0.7, 2)]
+    assert [p["step"] for p in compare.budget_curve(history)] == [0, 4, 8]
+
+
+def test_log_series_and_binning():
+    log = [
+        {"grad_norm": 1.0, "probe/variance_reduction": -0.5, "generated_tokens": 10, "generated_rollouts": 1},
+        {"grad_norm": 3.0, "probe/variance_reduction": 0.25, "probe/mae": 0.2, "generated_tokens": 20,
+         "generated_rollouts": 2, "dapo/dropped_groups": 2, "dapo/generated_groups": 8},
+        {"grad_norm": 5.0, "generated_tokens": 95, "generated_rollouts": 3},
+        {"train_runtime": 9.0},  # Trainer's closing entry: no counters
+    ]
+    assert compare.log_series(log, "grad_norm") == [(10, 1.0), (20, 3.0), (95, 5.0)]
+    assert compare.log_series(log, "grad_norm", unit="rollouts") == [(1, 1.0), (2, 3.0), (3, 5.0)]
+    # bootstrap rounds (no probe MAE) are not the probe's variance reduction
+    assert compare.log_series(log, "probe/variance_reduction") == [(20, 0.25)]
+    assert compare.log_series(log, "dapo/dropped_fraction") == [(20, 0.25)]
+    # budget 100 in 4 slices: 10 and 20 fall in the first, 95 in the last; 120 overshoots into the last
+    assert compare.binned([(10, 1.0), (20, 3.0), (95, 5.0), (120, 7.0)], 100, bins=4) == [2.0, None, None, 6.0]
+
+
+def fake_summary(seed, finals, seconds):
+    """A run whose curve reaches accuracy finals[i] at budget point i+1 after seconds[i]."""
+    history = [point(0, 0, 0.0, 0.5)] + [
+        point(i + 1, 100 * (i + 1), s, a, i + 1) for i, (a, s) in enumerate(zip(finals, seconds, strict=True))
+    ]
+    return {"seed": seed, "algo": "x", "heldout_history": history, "generated_tokens": history[-1]["generated_tokens"],
+            "generated_rollouts": 20, "train_seconds": seconds[-1], "steps": 10, "budget_reached": True,
+            "train_log": [{"grad_norm": 1.0 + seed, "generated_tokens": 50, "generated_rollouts": 5}]}
+
+
+def test_target_from_a_reference_run_and_wall_clock_ratio(tmp_path):
+    budget = Budget("tokens", 200, points=2)
+    runs = []
+    for name, per_seed in {
+        "dapo": [([0.6, 0.7], [40.0, 80.0]), ([0.6, 0.7], [40.0, 80.0])],
+        "poise": [([0.7, 0.8], [30.0, 60.0]), ([0.6, 0.8], [30.0, 60.0])],
+    }.items():
+        for seed, (finals, seconds) in enumerate(per_seed):
+            run = compare.PlannedRun(name, tmp_path / f"{name}.yaml", seed, tmp_path / name / str(seed))
+            run.folder.mkdir(parents=True)
+            (run.folder / "summary.json").write_text(json.dumps(fake_summary(seed, finals, seconds)))
+            runs.append(run)
+    report = compare.aggregate(runs, budget, "dapo", {"dapo": {}, "poise": {}})
+    assert report["target"] == {"accuracy": pytest.approx(0.7), "reference": "dapo"}
+    dapo, poise = report["results"]["dapo"], report["results"]["poise"]
+    assert dapo["to_target"]["seconds"] == pytest.approx(80.0) and dapo["to_target"]["tokens"] == pytest.approx(200)
+    # POISE's mean curve: 0.5 at 0 s, 0.65 at 30 s, 0.8 at 60 s -> 0.7 at 30 + (0.05 / 0.15) * 30 = 40 s
+    assert poise["to_target"]["seconds"] == pytest.approx(40.0)
+    assert poise["to_target"]["seconds_ratio_to_reference"] == pytest.approx(0.5)
+    assert poise["to_target"]["tokens"] == pytest.approx(100 + 100 / 3)
+    # per seed: seed 0 reaches 0.7 at 30 s exactly, seed 1 at 30 + (0.1 / 0.2) * 30 = 45 s
+    assert [r["seconds_to_target"] for r in poise["runs"]] == [pytest.approx(30.0), pytest.approx(45.0)]
+    assert poise["to_target"]["seeds_reached"] == 2
+    assert poise["final_accuracy"]["mean"] == pytest.approx(0.8)
+    assert poise["signals_mean"]["grad_norm"] == pytest.approx(1.5)
+    with pytest.raises(compare.CompareError, match="neither an accuracy nor one of the runs"):
+        compare.aggregate(runs, budget, "grpo", {})
+    assert compare.aggregate(runs, budget, "0.75", {})["results"]["dapo"]["to_target"]["seconds"] is None
+    tables = compare.table_rows(report)
+    assert tables[1][1][4] == "s ratio vs dapo" and tables[1][2][1][4] == "0.50"
+
+
+def test_run_names_disambiguate_colliding_stems(tmp_path):
+    from pathlib import Path
+
+    assert compare.run_names([Path("recipes/toy/grpo.yaml"), Path("recipes/toy/poise.yaml")]) == ["grpo", "poise"]
+    assert compare.run_names([Path("a/grpo.yaml"), Path("b/grpo.yaml")]) == ["a-grpo", "b-grpo"]
+
+
+# ---------------------------------------------------------------------------------------
+# End to end: two recipes x two seeds, a two-step budget
+# ---------------------------------------------------------------------------------------
+
+
+def write_recipe(path, model_dir, algo):
+    settings = {
+        "algo": algo, "model": str(model_dir), "dataset": "toy-arith", "dataset_size": 32, "eval_limit": 4,
+        "eval_num_samples": 1, "eval_max_new_tokens": 8, "num_generations": 2, "per_device_train_batch_size": 4,
+        "max_completion_length": 8, "save_steps": 1, "learning_rate": 1e-3, "lr_scheduler_type": "constant",
+    }
+    path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in settings.items()) + "\n")
+    return path
+
+
+def run_compare(*args):
+    result = CliRunner().invoke(app, ["compare", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.slow
+def test_compare_two_step_budget_resumes_and_skips(tmp_path, tiny_random_model_dir):
+    recipes = [write_recipe(tmp_path / f"{algo}.yaml", tiny_random_model_dir, algo) for algo in ("grpo", "rloo")]
+    out = tmp_path / "cmp"
+    args = [*recipes, "--budget-rollouts", 8, "--eval-points", 2, "--seeds", 2, "-o", out, "--no-progress",
+            "--target", "grpo"]
+    output = run_compare(*args)
+    assert "poise compare: 8 generated rollouts per run" in output and "compare.json" in output
+    report = json.loads((out / "compare.json").read_text())
+    assert report["budget"] == {"unit": "rollouts", "amount": 8, "points": 2}
+    for name in ("grpo", "rloo"):
+        result = report["results"][name]
+        assert result["seeds"] == [0, 1] and result["all_reached_budget"]
+        assert [p["budget_point"] for p in result["curve"]] == [0, 1, 2]
+        assert all(r["generated_rollouts"] == 8 and r["steps"] == 2 for r in result["runs"])
+    assert report["versions"]["trl"].startswith("1.16")
+    assert (out / "accuracy.png").stat().st_size > 1000 and (out / "training_signals.png").stat().st_size > 1000
+
+    # Complete runs are skipped: a rerun trains nothing and reproduces the report.
+    summaries = sorted(out.glob("runs/*/seed*/summary.json"))
+    stamps = [p.stat().st_mtime_ns for p in summaries]
+    output = run_compare(*args)
+    assert output.count("complete, skipped") == 4
+    assert [p.stat().st_mtime_ns for p in summaries] == stamps
+    assert json.loads((out / "compare.json").read_text())["results"] == report["results"]
+
+    # An interrupted run (checkpoint-1 only, no summary) resumes from its checkpoint.
+    run = out / "runs" / "rloo" / "seed1"
+    before = json.loads((run / "summary.json").read_text())
+    for path in [run / "summary.json", run / "final", run / "checkpoint-2"]:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    output = run_compare(*args)
+    assert "rloo seed 1: resuming from its newest checkpoint" in output and output.count("complete, skipped") == 3
+    after = json.loads((run / "summary.json").read_text())
+    assert (after["steps"], after["generated_rollouts"]) == (2, 8)
+    assert [p["step"] for p in after["heldout_history"]] == [0, 1, 2]
+    assert after["generated_tokens"] == before["generated_tokens"]  # same rollouts as the uninterrupted run
+
+
+def test_compare_refuses_a_folder_made_with_another_budget(tmp_path, tiny_random_model_dir):
+    recipe = write_recipe(tmp_path / "grpo.yaml", tiny_random_model_dir, "grpo")
+    folder = tmp_path / "cmp" / "runs" / "grpo" / "seed0"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"budget": {"unit": "tokens", "amount": 5, "points": 4}}))
+    result = CliRunner().invoke(app, ["compare", str(recipe), "--budget-rollouts", "8", "--seeds", "1",
+                                      "-o", str(tmp_path / "cmp")])
+    assert result.exit_code == 2
+    assert "made with budget" in result.output and "another --output-dir" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "exactly one budget"),
+    (["--budget-tokens", "10", "--budget-rollouts", "10"], "exactly one budget"),
+    (["--budget-tokens", "10", "--set", "lerning_rate=1"], "did you mean 'learning_rate'"),
+])
+def test_compare_bad_arguments_fail_before_any_run(tmp_path, tiny_random_model_dir, args, message):
+    recipe = write_recipe(tmp_path / "grpo.yaml", tiny_random_model_dir, "grpo")
+    result = CliRunner().invoke(app, ["compare", str(recipe), "-o", str(tmp_path / "cmp"), *args])
+    assert result.exit_code == 2 and message in result.output
+    assert not (tmp_path / "cmp" / "runs").exists()

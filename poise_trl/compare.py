@@ -153,10 +153,9 @@ def run_names(recipe_paths: list[Path]) -> list[str]:
 
 
 def plan_runs(recipe_paths: list[Path], seeds: list[int], output_dir: Path) -> list[PlannedRun]:
-    runs = []
-    for name, path in zip(run_names(recipe_paths), recipe_paths, strict=True):
-        runs += [PlannedRun(name, path, seed, output_dir / "runs" / name / f"seed{seed}") for seed in seeds]
-    return runs
+    """Seed by seed, every recipe within a seed: an interrupted sweep leaves comparable runs."""
+    named = list(zip(run_names(recipe_paths), recipe_paths, strict=True))
+    return [PlannedRun(name, path, seed, output_dir / "runs" / name / f"seed{seed}") for seed in seeds for name, path in named]
 
 
 def check_recipes(recipe_paths: list[Path], overrides: list[str]) -> tuple[dict[str, dict], list[str]]:

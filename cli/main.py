@@ -63,6 +63,12 @@ def train(
     table.add_row("held-out accuracy, start", fmt(summary["start_heldout_accuracy"]))
     table.add_row("held-out accuracy, end", f"{fmt(summary['final_heldout_accuracy'])} ± {fmt(summary['final_heldout_stderr'])}")
     table.add_row("steps", str(summary["steps"]))
+    table.add_row("generated completion tokens", f"{summary['generated_tokens']:,}")
+    if summary["budget"]:
+        budget = summary["budget"]
+        reached = "reached" if summary["budget_reached"] else "not reached (max_steps came first)"
+        table.add_row("budget", f"{budget['amount']:,} {budget['unit']}, {reached}")
+    table.add_row("training seconds (optimizer steps)", f"{summary['train_seconds']:.1f}")
     table.add_row("wall clock (s)", str(summary["wall_clock_seconds"]))
     table.add_row("summary", str(Path(summary["trainer_config"]["output_dir"]) / "summary.json"))
     console.print(table)

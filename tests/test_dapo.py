@@ -15,6 +15,7 @@ import torch
 from poise_trl.recipe import split_recipe
 from poise_trl.train import build_config, load_datasets, load_tokenizer
 from poise_trl.trainers.dapo import (
+    DAPO_STATE_FILE,
     DAPOConfig,
     DAPOTrainer,
     informative_groups,
@@ -120,13 +121,19 @@ def make_trainer(model_dir, out, reward=digit_parity_reward, **overrides):
 
     class Recording(DAPOTrainer):
         merged: list = []
+        extra_batches: list = []
 
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
             self.merged.append(output)
             return output
 
-    Recording.merged = []
+        def _next_extra_batch(self, rows):
+            batch = super()._next_extra_batch(rows)
+            self.extra_batches.append([row["prompt"] for row in batch])
+            return batch
+
+    Recording.merged, Recording.extra_batches = [], []
     return Recording(model=str(model_dir), reward_funcs=[reward], args=args, train_dataset=train_set,
                      processing_class=load_tokenizer(str(model_dir)))
 
@@ -160,6 +167,34 @@ def test_stops_at_the_cap_when_no_group_is_informative(tmp_path, tiny_random_mod
     assert record["rounds"] == 3 and record["generated_groups"] == 6 and record["informative_groups"] == 0
     assert record["zero_variance_trained"] == record["trained_groups"] == 2
     assert trainer.merged[0]["completion_ids"].shape[0] == 4
+
+
+@pytest.mark.slow
+def test_resume_continues_the_extra_prompt_stream(tmp_path, tiny_random_model_dir):
+    # Zero rewards: every round is uninformative, so each step draws exactly 2 extra batches.
+    settings = {"reward": zero_reward, "max_generation_rounds": 3, "save_strategy": "steps", "save_steps": 1}
+    straight = make_trainer(tiny_random_model_dir, tmp_path / "straight", **settings)
+    straight.train()
+    assert straight.extra_batches_drawn == 4 and len(straight.extra_batches) == 4
+    assert len({str(batch) for batch in straight.extra_batches}) == 4  # the stream moves on
+    checkpoint = tmp_path / "straight" / "checkpoint-1"
+    assert json.loads((checkpoint / DAPO_STATE_FILE).read_text()) == {"extra_batches_drawn": 2}
+
+    resumed = make_trainer(tiny_random_model_dir, tmp_path / "resumed", **settings)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.extra_batches_drawn == 4
+    # step 2 of the resumed run draws what step 2 of the uninterrupted run drew
+    assert resumed.extra_batches == straight.extra_batches[2:]
+
+    # a checkpoint without the stream position (not written by DAPOTrainer) cannot resume dynamic sampling
+    (checkpoint / DAPO_STATE_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match=DAPO_STATE_FILE):
+        make_trainer(tiny_random_model_dir, tmp_path / "again", **settings).train(resume_from_checkpoint=str(checkpoint))
+    # without dynamic sampling the stream is unused: a warning, and it starts at 0
+    plain = make_trainer(tiny_random_model_dir, tmp_path / "plain", **settings, dynamic_sampling=False)
+    with pytest.warns(UserWarning, match=DAPO_STATE_FILE):
+        plain.train(resume_from_checkpoint=str(checkpoint))
+    assert plain.extra_batches_drawn == 0 and plain.extra_batches == []
 
 
 TWO_RANKS = """

@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poise_trl.process_rewards import (
-    ProcessRewardArguments,
     ProcessRewardMixin,
     answer_logprob_means,
     episode_boundaries,
@@ -19,10 +16,9 @@ from poise_trl.process_rewards import (
 )
 from poise_trl.recipe import split_recipe
 from poise_trl.rewards import get_reward_functions
-from poise_trl.train import load_datasets, load_tokenizer
-from poise_trl.trainers.baselines import GRPOProcessConfig, GRPOProcessTrainer, RLOOConfig, RLOOTrainer
-from poise_trl.trainers.poise import POISEConfig, POISETrainer
-from poise_trl.trainers.reinforce_pp import REINFORCEPPConfig, REINFORCEPPTrainer
+from poise_trl.train import build_config, load_datasets, load_tokenizer
+from poise_trl.trainers import get_algorithm
+from poise_trl.trainers.baselines import GRPOProcessConfig
 
 # ---------------------------------------------------------------------------------------
 # Segmentation
@@ -111,21 +107,19 @@ def test_answer_logprob_means_batched_equals_one_by_one(tiny_random_model_dir):
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass
-class RLOOProcessConfig(ProcessRewardArguments, RLOOConfig):
-    pass
-
-
-@dataclass
-class POISEProcessConfig(ProcessRewardArguments, POISEConfig):
-    pass
+@pytest.mark.parametrize("base", ["grpo", "rloo", "poise"])
+def test_registered_compositions_are_their_base_plus_process_rewards(base):
+    plain, composed = get_algorithm(base), get_algorithm(f"{base}_process")
+    assert issubclass(composed.trainer_class, ProcessRewardMixin)
+    assert issubclass(composed.trainer_class, plain.trainer_class)
+    assert issubclass(composed.config_class, plain.config_class)
+    assert composed.defaults == {**plain.defaults, "process_rewards": True}
 
 
 def interceptor(base):
-    """`base` trainer (with the mixin) recording each round's advantages and what `_compute_loss` receives."""
-    bases = (base,) if issubclass(base, ProcessRewardMixin) else (ProcessRewardMixin, base)
+    """`base` trainer recording each round's advantages and what `_compute_loss` receives."""
 
-    class Intercepting(*bases):
+    class Intercepting(base):
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
             self.generated.append({k: output[k].clone() for k in ("completion_ids", "advantages")})
@@ -138,29 +132,31 @@ def interceptor(base):
     return Intercepting
 
 
+# case -> (registered algo, overrides of its defaults); process_rewards is on in every case
 CASES = {
-    "grpo": (GRPOProcessConfig, GRPOProcessTrainer, {}),
-    "rloo": (RLOOProcessConfig, RLOOTrainer, {"scale_rewards": "none"}),
-    "reinforce_pp": (REINFORCEPPConfig, REINFORCEPPTrainer, {"kl_estimator": "k1", "beta": 0.01}),
-    "poise": (POISEProcessConfig, POISETrainer, {"probe_bootstrap_steps": 1, "probe_prompt_components": 2,
-                                                 "probe_response_components": 2, "probe_buffer_rows": 32}),
+    "grpo": ("grpo_process", {}),
+    "rloo": ("rloo_process", {}),
+    "reinforce_pp": ("reinforce_pp", {"beta": 0.01}),
+    "poise": ("poise_process", {"probe_bootstrap_steps": 1, "probe_prompt_components": 2,
+                                "probe_response_components": 2, "probe_buffer_rows": 32}),
 }
 
 
 def make_trainer(model_dir, out, case, **overrides):
-    config_class, trainer_class, defaults = CASES[case]
+    algo, case_overrides = CASES[case]
+    algorithm = get_algorithm(algo)
+    assert issubclass(algorithm.trainer_class, ProcessRewardMixin)
     recipe = {
         "model": str(model_dir), "dataset": "toy-arith", "dataset_size": 32, "eval_limit": 4,
         "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 12,
         "max_steps": 1, "logging_steps": 1, "save_strategy": "no", "learning_rate": 1e-3, "seed": 0,
         "process_rewards": True, "process_reward_markers": ["\n"], "process_reward_max_episode_tokens": 3,
-        "process_reward_force_prompt": "</think>\n\\boxed{", **defaults, **overrides,
+        "process_reward_force_prompt": "</think>\n\\boxed{", **case_overrides, **overrides,
     }
-    settings, config_kwargs = split_recipe(recipe, config_class)
-    args = config_class(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", disable_tqdm=True,
-                        gradient_checkpointing=False, **config_kwargs)
+    settings, config_kwargs = split_recipe(recipe, algorithm.config_class)
+    args = build_config(algo, config_kwargs, str(out))
     train_set, _ = load_datasets(settings, seed=0)
-    trainer = interceptor(trainer_class)(
+    trainer = interceptor(algorithm.trainer_class)(
         model=str(model_dir), reward_funcs=get_reward_functions(["math_accuracy"]), args=args,
         train_dataset=train_set, processing_class=load_tokenizer(str(model_dir)),
     )

@@ -18,9 +18,23 @@ from poise_trl.trainers.asyppo import (
     AsyPPOTrainer,
 )
 from poise_trl.trainers.base import CountingGRPOTrainer
-from poise_trl.trainers.baselines import GRPOProcessConfig, GRPOProcessTrainer, RLOOConfig, RLOOTrainer
+from poise_trl.trainers.baselines import (
+    RLOO_DEFAULTS,
+    GRPOProcessConfig,
+    GRPOProcessTrainer,
+    RLOOConfig,
+    RLOOProcessConfig,
+    RLOOProcessTrainer,
+    RLOOTrainer,
+)
 from poise_trl.trainers.dapo import DAPO_DEFAULTS, DAPOConfig, DAPOTrainer
-from poise_trl.trainers.poise import POISE_DEFAULTS, POISEConfig, POISETrainer
+from poise_trl.trainers.poise import (
+    POISE_DEFAULTS,
+    POISEConfig,
+    POISEProcessConfig,
+    POISEProcessTrainer,
+    POISETrainer,
+)
 from poise_trl.trainers.reinforce_pp import (
     REINFORCE_PP_BASELINE_DEFAULTS,
     REINFORCE_PP_DEFAULTS,
@@ -37,9 +51,11 @@ class Algorithm:
     description: str = ""
 
 
+PROCESS_REWARDS = {"process_rewards": True}
+
 ALGORITHMS: dict[str, Algorithm] = {
     "grpo": Algorithm(GRPOConfig, CountingGRPOTrainer, {}, "TRL's GRPO: group-mean baseline scaled by the group std"),
-    "rloo": Algorithm(RLOOConfig, RLOOTrainer, {"scale_rewards": "none"}, "leave-one-out baseline, no std scaling"),
+    "rloo": Algorithm(RLOOConfig, RLOOTrainer, RLOO_DEFAULTS, "leave-one-out baseline, no std scaling"),
     "poise": Algorithm(POISEConfig, POISETrainer, POISE_DEFAULTS, "2 rollouts, cross-rollout baseline from a hidden-state probe"),
     "asyppo": Algorithm(AsyPPOConfig, AsyPPOTrainer, ASYPPO_DEFAULTS, "2 small critics on disjoint halves, GAE, std-based masks"),
     "ppo": Algorithm(AsyPPOConfig, AsyPPOTrainer, PPO_DEFAULTS, "PPO: 1 same-size critic, GAE lambda 0.95"),
@@ -47,7 +63,9 @@ ALGORITHMS: dict[str, Algorithm] = {
     "dapo": Algorithm(DAPOConfig, DAPOTrainer, DAPO_DEFAULTS, "DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling"),
     "reinforce_pp": Algorithm(REINFORCEPPConfig, REINFORCEPPTrainer, REINFORCE_PP_DEFAULTS, "REINFORCE++: k1 KL in the reward, global normalization (k >= 1)"),
     "reinforce_pp_baseline": Algorithm(REINFORCEPPConfig, REINFORCEPPTrainer, REINFORCE_PP_BASELINE_DEFAULTS, "REINFORCE++ w/ Baseline: group mean, global std, k2 KL loss"),
-    "grpo_process": Algorithm(GRPOProcessConfig, GRPOProcessTrainer, {"process_rewards": True}, "GRPO + training-free process rewards (seed 002)"),
+    "grpo_process": Algorithm(GRPOProcessConfig, GRPOProcessTrainer, PROCESS_REWARDS, "GRPO + training-free process rewards (seed 002)"),
+    "rloo_process": Algorithm(RLOOProcessConfig, RLOOProcessTrainer, {**RLOO_DEFAULTS, **PROCESS_REWARDS}, "RLOO + training-free process rewards (seed 002)"),
+    "poise_process": Algorithm(POISEProcessConfig, POISEProcessTrainer, {**POISE_DEFAULTS, **PROCESS_REWARDS}, "POISE + training-free process rewards (seed 002)"),
 }
 
 

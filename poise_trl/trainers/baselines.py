@@ -18,6 +18,9 @@ class RLOOConfig(GRPOConfig):
     the prompt, with no std scaling (Kool et al. 2019; TRL's RLOO default)."""
 
 
+RLOO_DEFAULTS = {"scale_rewards": "none"}
+
+
 class RLOOTrainer(AdvantageTrainer):
     """Leave-one-out baseline on GRPOTrainer (not `trl.RLOOTrainer`, so every algorithm
     here shares one generation, loss and logging path)."""
@@ -33,3 +36,12 @@ class GRPOProcessConfig(ProcessRewardArguments, GRPOConfig):
 
 class GRPOProcessTrainer(ProcessRewardMixin, CountingGRPOTrainer):
     """TRL's GRPO (its own group-normalized outcome advantages) plus process rewards."""
+
+
+@dataclass
+class RLOOProcessConfig(ProcessRewardArguments, RLOOConfig):
+    """RLOOConfig plus the process-reward settings."""
+
+
+class RLOOProcessTrainer(ProcessRewardMixin, RLOOTrainer):
+    """Leave-one-out outcome advantages plus process rewards."""

@@ -16,7 +16,9 @@ another batch of prompts, then the kept groups' rows are merged into one batch o
 size (tensors padded to a common width, `num_items_in_batch` recomputed) before TRL's
 shuffle and split. Extra prompts come from a seeded stream over the train set, separate
 from TRL's sampler, each prompt repeated num_generations times; every process draws its own
-slice of the same permutation (as TRL's RepeatSampler does).
+slice of the same permutation (as TRL's RepeatSampler does). Checkpoints record how many
+extra batches the stream has served (`DAPO_STATE_FILE`); a resumed run fast-forwards the
+stream to that position, so it draws the extra prompts the uninterrupted run would have.
 
 Rounds: every process must run the same number (generation and reward gathering are
 collective). Rewards are gathered over all processes after each round, so every process
@@ -36,7 +38,11 @@ all, both fall back to zero-variance groups (the step carries no policy gradient
 
 from __future__ import annotations
 
+import itertools
+import json
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from trl import GRPOConfig
@@ -46,6 +52,7 @@ from poise_trl import estimators
 from poise_trl.trainers.base import AdvantageTrainer
 
 FILL_MODES = ("repeat", "zero_variance")
+DAPO_STATE_FILE = "dapo_state.json"
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")  # left-padded; every other (B, W) tensor is right-padded
 
 
@@ -170,6 +177,7 @@ class DAPOTrainer(AdvantageTrainer):
         ):
             raise ValueError("DAPO's dynamic sampling draws extra prompts by index: it needs a map-style train dataset")
         self._extra_prompts = None
+        self.extra_batches_drawn = 0  # position of the extra-prompt stream, saved with checkpoints
         self._round_rewards = None
         self._round_lengths = None
         self.dynamic_sampling_history: list[dict] = []
@@ -224,22 +232,57 @@ class DAPOTrainer(AdvantageTrainer):
 
     def _next_extra_batch(self, rows: int) -> list[dict]:
         if self._extra_prompts is None:
-            self._extra_prompts = self._extra_prompt_stream(rows // self.num_generations)
-        return next(self._extra_prompts)
+            # A fresh stream, fast-forwarded past the batches served before a resume; skipping
+            # index lists, not rows, so no prompt is loaded for it.
+            indices = self._extra_prompt_indices(rows // self.num_generations)
+            self._extra_prompts = itertools.islice(indices, self.extra_batches_drawn, None)
+        mine = next(self._extra_prompts)
+        self.extra_batches_drawn += 1
+        return [self.train_dataset[i] for i in mine for _ in range(self.num_generations)]
 
-    def _extra_prompt_stream(self, prompts_per_process: int):
-        """Endless generation batches for extra rounds: a seeded permutation of the train set per
-        pass, the same on every process; each process takes its slice, each prompt G times."""
-        dataset, n_proc, rank = self.train_dataset, self.accelerator.num_processes, self.accelerator.process_index
+    def _extra_prompt_indices(self, prompts_per_process: int):
+        """Endless dataset indices for extra rounds: a seeded permutation of the train set per
+        pass, the same on every process; each process takes its slice of every batch."""
+        n_proc, rank = self.accelerator.num_processes, self.accelerator.process_index
         per_batch = prompts_per_process * n_proc
-        if len(dataset) < per_batch:
-            raise ValueError(f"the train set has {len(dataset)} prompts, fewer than one generation batch ({per_batch})")
+        size = len(self.train_dataset)
+        if size < per_batch:
+            raise ValueError(f"the train set has {size} prompts, fewer than one generation batch ({per_batch})")
         generator = torch.Generator().manual_seed(self.args.seed + 1)  # + 1: not the order of TRL's sampler
         while True:
-            order = torch.randperm(len(dataset), generator=generator).tolist()
+            order = torch.randperm(size, generator=generator).tolist()
             for start in range(0, len(order) - per_batch + 1, per_batch):
-                mine = order[start + rank * prompts_per_process : start + (rank + 1) * prompts_per_process]
-                yield [dataset[i] for i in mine for _ in range(self.num_generations)]
+                yield order[start + rank * prompts_per_process : start + (rank + 1) * prompts_per_process]
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            # Every process draws the same number of extra batches (rounds are collective).
+            (folder / DAPO_STATE_FILE).write_text(json.dumps({"extra_batches_drawn": self.extra_batches_drawn}))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        state_file = Path(checkpoint) / DAPO_STATE_FILE
+        if state_file.exists():
+            self.extra_batches_drawn = json.loads(state_file.read_text())["extra_batches_drawn"]
+        elif self.args.dynamic_sampling:
+            raise FileNotFoundError(
+                f"checkpoint {checkpoint} has no DAPO state ({DAPO_STATE_FILE}): it was not written by DAPOTrainer, "
+                "or was copied without it. Resuming would restart the extra-prompt stream of dynamic sampling and "
+                "draw prompts the run has already used; start a fresh run instead, or resume from a DAPO checkpoint."
+            )
+        else:
+            warnings.warn(f"checkpoint {checkpoint} has no {DAPO_STATE_FILE}: the extra-prompt stream starts at 0 "
+                          "(unused while dynamic sampling is off)", stacklevel=2)
+            self.extra_batches_drawn = 0
+        self._extra_prompts = None
 
     def _log_dynamic_sampling(self, informative: torch.Tensor, plans: list[list[int]], target: int, rounds: int) -> None:
         """Global counts (every process computes the same numbers from the same tensor)."""

@@ -31,6 +31,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from poise_trl import estimators
 from poise_trl.features import HiddenStateCapture, RolloutFeatures, build_rollout_features, decoder_layers
 from poise_trl.probe import ProbeEstimator, probe_metrics
+from poise_trl.process_rewards import ProcessRewardArguments, ProcessRewardMixin
 from poise_trl.trainers.base import AdvantageTrainer
 
 PROBE_STATE_FILE = "poise_probe.safetensors"
@@ -250,3 +251,13 @@ class POISETrainer(AdvantageTrainer):
                 "run instead, or resume from a POISE checkpoint."
             )
         self.value_estimator = ProbeEstimator.load(checkpoint)
+
+
+@dataclass
+class POISEProcessConfig(ProcessRewardArguments, POISEConfig):
+    """POISEConfig plus the process-reward settings."""
+
+
+class POISEProcessTrainer(ProcessRewardMixin, POISETrainer):
+    """POISE's cross-rollout outcome advantages plus process rewards. The V(prefix) passes call
+    the model directly, outside the probe's hidden-state capture, so they add no features."""

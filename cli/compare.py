@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import typer
@@ -24,6 +25,9 @@ def compare(
     output_dir: Path = typer.Option(Path("runs/compare"), "--output-dir", "-o", help="Runs, compare.json and plots."),
     overrides: list[str] = typer.Option(None, "--set", help="key=value applied to every recipe (repeatable)."),
     max_steps: int = typer.Option(100_000, "--max-steps", help="Safety cap on optimizer steps; the budget ends runs."),
+    launcher: str = typer.Option(
+        None, "--launcher", help="Start each run with this instead of python, e.g. 'accelerate launch --num_processes 4'."
+    ),
     aggregate_only: bool = typer.Option(False, "--aggregate-only", help="Only aggregate runs that are already complete."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Plain logs from the runs."),
 ):
@@ -48,6 +52,7 @@ def compare(
         runs = lib.plan_runs(recipes, list(range(first_seed, first_seed + seeds)), output_dir)
         if not aggregate_only:
             lib.execute_runs(runs, budget, overrides, max_steps, show_progress=not no_progress,
+                             launcher=shlex.split(launcher) if launcher else None,
                              log=lambda line: console.print(f"[bold]compare[/] {line}", highlight=False))
         report = lib.aggregate(runs, budget, target, checked)
         written = lib.write_outputs(report, output_dir)

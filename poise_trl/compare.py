@@ -198,8 +198,11 @@ def budget_dict(budget: Budget) -> dict:
 
 
 def train_command(run: PlannedRun, budget: Budget, overrides: list[str], max_steps: int, resume: bool,
-                  show_progress: bool) -> list[str]:
-    command = [sys.executable, "-m", "poise_trl.cli.main", "train", str(run.recipe_path), "--output-dir", str(run.folder)]
+                  show_progress: bool, launcher: list[str] | None = None) -> list[str]:
+    """`poise train` for one run; `launcher` replaces the Python interpreter, e.g.
+    ["accelerate", "launch", "--num_processes", "4"] or ["torchrun", "--nproc_per_node", "4"]."""
+    command = [*(launcher or [sys.executable]), "-m", "poise_trl.cli.main", "train", str(run.recipe_path),
+               "--output-dir", str(run.folder)]
     command += [] if show_progress else ["--no-progress"]
     command += [*overrides, f"seed={run.seed}", f"budget_{budget.unit}={budget.amount}",
                 f"budget_eval_points={budget.points}", "eval_every=0", "logging_steps=1", f"max_steps={max_steps}",
@@ -208,7 +211,7 @@ def train_command(run: PlannedRun, budget: Budget, overrides: list[str], max_ste
 
 
 def execute_runs(runs: list[PlannedRun], budget: Budget, overrides: list[str], max_steps: int,
-                 show_progress: bool = True, log=print) -> None:
+                 show_progress: bool = True, launcher: list[str] | None = None, log=print) -> None:
     """Run what is not complete, in order; stop at the first failure (completed runs stay)."""
     for index, run in enumerate(runs, 1):
         status = run_status(run, budget)
@@ -218,7 +221,7 @@ def execute_runs(runs: list[PlannedRun], budget: Budget, overrides: list[str], m
             continue
         log(f"{label}: {'resuming from its newest checkpoint' if status == 'resume' else 'starting'} -> {run.folder}")
         run.folder.mkdir(parents=True, exist_ok=True)
-        command = train_command(run, budget, overrides, max_steps, status == "resume", show_progress)
+        command = train_command(run, budget, overrides, max_steps, status == "resume", show_progress, launcher)
         result = subprocess.run(command, check=False)
         if result.returncode != 0:
             raise CompareError(

@@ -108,6 +108,19 @@ def test_target_from_a_reference_run_and_wall_clock_ratio(tmp_path):
     assert tables[1][1][4] == "s ratio vs dapo" and tables[1][2][1][4] == "0.50"
 
 
+def test_train_command_overrides_and_launcher(tmp_path):
+    run = compare.PlannedRun("poise", tmp_path / "poise.yaml", 2, tmp_path / "runs" / "poise" / "seed2")
+    command = compare.train_command(run, Budget("tokens", 1000, 5), ["eval_limit=50"], 500, resume=True,
+                                    show_progress=False, launcher=["accelerate", "launch", "--num_processes", "2"])
+    assert command[:6] == ["accelerate", "launch", "--num_processes", "2", "-m", "poise_trl.cli.main"]
+    assert command[6:8] == ["train", str(run.recipe_path)] and "--no-progress" in command
+    # the sweep's settings come after the user's, so they win
+    assert command.index("eval_limit=50") < command.index("seed=2")
+    for setting in ("budget_tokens=1000", "budget_eval_points=5", "eval_every=0", "max_steps=500",
+                    "resume_from_checkpoint=true", "--output-dir"):
+        assert setting in command
+
+
 def test_run_names_disambiguate_colliding_stems(tmp_path):
     from pathlib import Path
 

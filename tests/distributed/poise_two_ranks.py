@@ -4,6 +4,8 @@
 import sys
 from pathlib import Path
 
+import torch.distributed
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_poise_trainer import make_trainer  # noqa: E402
 
@@ -13,6 +15,10 @@ def main(model_dir: str, out: str) -> None:
     trainer.train()
     rank = trainer.accelerator.process_index
     trainer.value_estimator.save(Path(out) / f"rank{rank}")
+    # Tear gloo down before exit: left to interpreter shutdown, its threads can abort the
+    # process ("terminate called without an active exception"), seen once on a busy machine.
+    trainer.accelerator.wait_for_everyone()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

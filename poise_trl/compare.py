@@ -177,51 +177,64 @@ def check_recipes(recipe_paths: list[Path], overrides: list[str]) -> tuple[dict[
     return recipes, warnings
 
 
-def run_status(run: PlannedRun, budget: Budget) -> str:
-    """'complete', 'resume' (has checkpoints) or 'new'. A summary made under another budget is an error."""
+def run_overrides(run: PlannedRun, budget: Budget, overrides: list[str], max_steps: int) -> list[str]:
+    """The user's `--set` overrides, then the sweep's own (later ones win)."""
+    return [*overrides, f"seed={run.seed}", f"budget_{budget.unit}={budget.amount}",
+            f"budget_eval_points={budget.points}", "eval_every=0", "logging_steps=1", f"max_steps={max_steps}",
+            "push_to_hub=false"]
+
+
+def run_status(run: PlannedRun, expected_recipe: dict) -> str:
+    """'complete', 'resume' (has checkpoints) or 'new'. A run made from other settings (the
+    recipe file, `--set`, the budget) is an error: reusing it would compare unequal runs."""
     import json
 
-    summary_path = run.folder / "summary.json"
+    from poise_trl.recipe import read_yaml
+
+    summary_path, recipe_path = run.folder / "summary.json", run.folder / "recipe.yaml"
     if summary_path.exists():
-        made_with = json.loads(summary_path.read_text()).get("budget")
-        if made_with != budget_dict(budget):
-            raise CompareError(
-                f"{run.folder} holds a run made with budget {made_with}, not {budget_dict(budget)}: "
-                "give another --output-dir, or delete that folder to rerun it"
-            )
-        return "complete"
-    return "resume" if any(run.folder.glob("checkpoint-*")) else "new"
+        made_from, status = json.loads(summary_path.read_text()).get("recipe", {}), "complete"
+    elif any(run.folder.glob("checkpoint-*")) and recipe_path.exists():
+        made_from, status = read_yaml(recipe_path.read_text()), "resume"
+    else:
+        return "new"
+    made_from = {k: v for k, v in made_from.items() if k != "resume_from_checkpoint"}
+    differing = sorted(k for k in made_from.keys() | expected_recipe.keys() if made_from.get(k) != expected_recipe.get(k))
+    if differing:
+        raise CompareError(
+            f"{run.folder} holds a run made with other settings (differing: {', '.join(differing)}): give another "
+            "--output-dir, or delete that folder to rerun it"
+        )
+    return status
 
 
 def budget_dict(budget: Budget) -> dict:
     return {"unit": budget.unit, "amount": budget.amount, "points": budget.points}
 
 
-def train_command(run: PlannedRun, budget: Budget, overrides: list[str], max_steps: int, resume: bool,
-                  show_progress: bool, launcher: list[str] | None = None) -> list[str]:
-    """`poise train` for one run; `launcher` replaces the Python interpreter, e.g.
-    ["accelerate", "launch", "--num_processes", "4"] or ["torchrun", "--nproc_per_node", "4"]."""
+def train_command(run: PlannedRun, run_settings: list[str], resume: bool, show_progress: bool,
+                  launcher: list[str] | None = None) -> list[str]:
+    """`poise train` for one run with `run_overrides`; `launcher` replaces the Python interpreter,
+    e.g. ["accelerate", "launch", "--num_processes", "4"] or ["torchrun", "--nproc_per_node", "4"]."""
     command = [*(launcher or [sys.executable]), "-m", "poise_trl.cli.main", "train", str(run.recipe_path),
                "--output-dir", str(run.folder)]
     command += [] if show_progress else ["--no-progress"]
-    command += [*overrides, f"seed={run.seed}", f"budget_{budget.unit}={budget.amount}",
-                f"budget_eval_points={budget.points}", "eval_every=0", "logging_steps=1", f"max_steps={max_steps}",
-                "push_to_hub=false"]
-    return command + (["resume_from_checkpoint=true"] if resume else [])
+    return command + run_settings + (["resume_from_checkpoint=true"] if resume else [])
 
 
 def execute_runs(runs: list[PlannedRun], budget: Budget, overrides: list[str], max_steps: int,
                  show_progress: bool = True, launcher: list[str] | None = None, log=print) -> None:
     """Run what is not complete, in order; stop at the first failure (completed runs stay)."""
     for index, run in enumerate(runs, 1):
-        status = run_status(run, budget)
+        settings = run_overrides(run, budget, overrides, max_steps)
+        status = run_status(run, load_recipe(run.recipe_path, settings))
         label = f"[{index}/{len(runs)}] {run.name} seed {run.seed}"
         if status == "complete":
             log(f"{label}: complete, skipped")
             continue
         log(f"{label}: {'resuming from its newest checkpoint' if status == 'resume' else 'starting'} -> {run.folder}")
         run.folder.mkdir(parents=True, exist_ok=True)
-        command = train_command(run, budget, overrides, max_steps, status == "resume", show_progress, launcher)
+        command = train_command(run, settings, status == "resume", show_progress, launcher)
         result = subprocess.run(command, check=False)
         if result.returncode != 0:
             raise CompareError(

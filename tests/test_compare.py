@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from poise_trl import compare
 from poise_trl.callbacks import Budget
+from poise_trl.recipe import load_recipe
 
 
 def test_first_crossing_interpolates_between_evaluations():
@@ -110,15 +111,16 @@ def test_target_from_a_reference_run_and_wall_clock_ratio(tmp_path):
 
 def test_train_command_overrides_and_launcher(tmp_path):
     run = compare.PlannedRun("poise", tmp_path / "poise.yaml", 2, tmp_path / "runs" / "poise" / "seed2")
-    command = compare.train_command(run, Budget("tokens", 1000, 5), ["eval_limit=50"], 500, resume=True,
-                                    show_progress=False, launcher=["accelerate", "launch", "--num_processes", "2"])
+    settings = compare.run_overrides(run, Budget("tokens", 1000, 5), ["eval_limit=50"], max_steps=500)
+    # the sweep's settings come after the user's, so they win
+    assert settings.index("eval_limit=50") < settings.index("seed=2")
+    for setting in ("budget_tokens=1000", "budget_eval_points=5", "eval_every=0", "max_steps=500"):
+        assert setting in settings
+    command = compare.train_command(run, settings, resume=True, show_progress=False,
+                                    launcher=["accelerate", "launch", "--num_processes", "2"])
     assert command[:6] == ["accelerate", "launch", "--num_processes", "2", "-m", "poise_trl.cli.main"]
     assert command[6:8] == ["train", str(run.recipe_path)] and "--no-progress" in command
-    # the sweep's settings come after the user's, so they win
-    assert command.index("eval_limit=50") < command.index("seed=2")
-    for setting in ("budget_tokens=1000", "budget_eval_points=5", "eval_every=0", "max_steps=500",
-                    "resume_from_checkpoint=true", "--output-dir"):
-        assert setting in command
+    assert command[-1] == "resume_from_checkpoint=true" and set(settings) <= set(command)
 
 
 def test_run_names_disambiguate_colliding_stems(tmp_path):
@@ -188,15 +190,22 @@ def test_compare_two_step_budget_resumes_and_skips(tmp_path, tiny_random_model_d
     assert after["generated_tokens"] == before["generated_tokens"]  # same rollouts as the uninterrupted run
 
 
-def test_compare_refuses_a_folder_made_with_another_budget(tmp_path, tiny_random_model_dir):
+def test_compare_refuses_a_folder_made_with_other_settings(tmp_path, tiny_random_model_dir):
     recipe = write_recipe(tmp_path / "grpo.yaml", tiny_random_model_dir, "grpo")
-    folder = tmp_path / "cmp" / "runs" / "grpo" / "seed0"
-    folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(json.dumps({"budget": {"unit": "tokens", "amount": 5, "points": 4}}))
+    run = compare.PlannedRun("grpo", recipe, 0, tmp_path / "cmp" / "runs" / "grpo" / "seed0")
+    budget = Budget("rollouts", 8, 4)
+    expected = load_recipe(recipe, compare.run_overrides(run, budget, [], 100))
+    assert compare.run_status(run, expected) == "new"
+    run.folder.mkdir(parents=True)
+    (run.folder / "summary.json").write_text(json.dumps({"recipe": {**expected, "resume_from_checkpoint": True}}))
+    assert compare.run_status(run, expected) == "complete"  # resumed on the way: still the same run
+    other = load_recipe(recipe, compare.run_overrides(run, Budget("tokens", 8, 4), ["learning_rate=0.1"], 100))
+    with pytest.raises(compare.CompareError, match="differing: budget_rollouts, budget_tokens, learning_rate"):
+        compare.run_status(run, other)
+    # through the command: one line, nothing run
     result = CliRunner().invoke(app, ["compare", str(recipe), "--budget-rollouts", "8", "--seeds", "1",
-                                      "-o", str(tmp_path / "cmp")])
-    assert result.exit_code == 2
-    assert "made with budget" in result.output and "another --output-dir" in result.output
+                                      "--set", "learning_rate=0.1", "-o", str(tmp_path / "cmp")])
+    assert result.exit_code == 2 and "another --output-dir" in result.output
 
 
 @pytest.mark.parametrize("args, message", [

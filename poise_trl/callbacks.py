@@ -171,7 +171,7 @@ class HeldOutEvalCallback(TrainerCallback):
                 evaluate = True
             if self.budget_reached:
                 control.should_training_stop = True
-                control.should_save = True
+                control.should_save = args.save_strategy != "no"  # a rerun then finds the run finished
         if not evaluate:
             return
         control.should_log = True  # on every process: logging gathers the loss

@@ -2,7 +2,7 @@
 
 Every (recipe, seed) run is `poise train RECIPE seed=S budget_tokens=N ...` in its own
 process, so a crash, a vLLM engine or GPU memory never leaks from one run into the next. It
-writes to O/runs/<name>/seed<S>/: a run with a summary.json made under the same budget is
+writes to O/runs/<name>/seed<S>/: a run with a summary.json made with the same settings is
 complete and skipped; one with checkpoints resumes from the newest (the held-out curve, the
 counters and the training clock come back with it, see `HeldOutEvalCallback`).
 
@@ -15,6 +15,7 @@ scoring, the update), not held-out evaluation or checkpoint writing.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from poise_trl.callbacks import Budget
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.recipe import RecipeError, load_recipe, split_recipe
+from poise_trl.recipe import RecipeError, load_recipe, read_yaml, split_recipe
 
 SIGNAL_BINS = 10
 # Trainer-log series shown over training: (log key, title). POISE's probe metrics only exist
@@ -187,10 +188,6 @@ def run_overrides(run: PlannedRun, budget: Budget, overrides: list[str], max_ste
 def run_status(run: PlannedRun, expected_recipe: dict) -> str:
     """'complete', 'resume' (has checkpoints) or 'new'. A run made from other settings (the
     recipe file, `--set`, the budget) is an error: reusing it would compare unequal runs."""
-    import json
-
-    from poise_trl.recipe import read_yaml
-
     summary_path, recipe_path = run.folder / "summary.json", run.folder / "recipe.yaml"
     if summary_path.exists():
         made_from, status = json.loads(summary_path.read_text()).get("recipe", {}), "complete"
@@ -249,8 +246,6 @@ def execute_runs(runs: list[PlannedRun], budget: Budget, overrides: list[str], m
 
 
 def load_summaries(runs: list[PlannedRun]) -> dict[str, list[dict]]:
-    import json
-
     by_name: dict[str, list[dict]] = {}
     for run in runs:
         path = run.folder / "summary.json"

@@ -15,6 +15,18 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 BUNDLED_MODEL = REPO_ROOT / "data" / "tiny-qwen3"
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """Tiny tensors gain nothing from threads, and on a shared 2-core machine they contend
+    (for runs where OMP_NUM_THREADS was set to more than 1 before pytest started)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_random_model_dir(tmp_path_factory) -> Path:
     """An untrained 2-layer Qwen3 with the toy tokenizer: same code paths, seconds to build."""

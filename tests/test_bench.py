@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from helpers import assert_one_line_error
 from poise_trl.cli.bench import bench as bench_command
 from typer.testing import CliRunner
 
@@ -206,11 +207,6 @@ def cli(*args):
     return result, result.output
 
 
-def assert_one_line_error(result, output, pattern):
-    assert result.exit_code == 2, output
-    lines = [line for line in output.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), output
-    assert pattern in output
 
 
 def test_cli_runs_and_prints_the_table(tmp_path, toy_file, tiny_random_model_dir):

@@ -3,6 +3,7 @@
 import shutil
 
 import pytest
+from helpers import assert_one_line_error
 from poise_trl.cli.main import app
 from typer.testing import CliRunner
 
@@ -14,12 +15,6 @@ def run(*args):
     return result, result.output
 
 
-def assert_one_line_error(result, output, pattern):
-    assert result.exit_code == 2, output
-    assert "Traceback" not in output
-    lines = [line for line in output.strip().splitlines() if line.strip()]
-    assert lines[0].startswith("error:"), output
-    assert pattern in output.replace("\n", " ")
 
 
 def test_missing_recipe_file(tmp_path):

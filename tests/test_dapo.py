@@ -4,13 +4,11 @@ random model (one process and two)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_two_cpu_ranks
 
 from poise_trl.recipe import split_recipe
 from poise_trl.train import build_config, load_datasets, load_tokenizer
@@ -219,12 +217,7 @@ def test_two_ranks_agree_on_the_number_of_rounds(tmp_path, tiny_random_model_dir
     script = tmp_path / "two_ranks.py"
     script.write_text(TWO_RANKS.format(tests=str(Path(__file__).parent), model=str(tiny_random_model_dir),
                                        out=str(tmp_path)))
-    # torchrun, not `accelerate launch --cpu` (which needs mpirun for several CPU processes);
-    # the Trainer's accelerate then picks MULTI_CPU with gloo (as tests/test_distributed.py).
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_two_cpu_ranks(script)
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert rank0 == rank1  # global counts, computed independently on each rank
     assert rank0[0]["generated_groups"] == rank0[0]["rounds"] * 4  # 2 groups per rank per round

@@ -26,13 +26,7 @@ from poise_trl.features import (
 THINK = 5  # token id standing in for `</think>`
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny tensors gain nothing from threads, and on a shared 2-core machine they contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tiny_config() -> transformers.Qwen3Config:

@@ -12,14 +12,7 @@ import torch
 from poise_trl.features import RolloutFeatures
 from poise_trl.probe import GroupBuffer, LinearValueProbe, ProbeEstimator, probe_metrics
 
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny tensors gain nothing from threads, and on a shared 2-core machine they contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def synthetic(

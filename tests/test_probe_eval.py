@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from helpers import assert_one_line_error
 from poise_trl.cli.probe_eval import probe_eval as probe_eval_command
 from typer.testing import CliRunner
 
@@ -165,11 +166,6 @@ def cli(*args):
     return result, result.output
 
 
-def assert_one_line_error(result, output, pattern):
-    assert result.exit_code == 2, output
-    lines = [line for line in output.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), output
-    assert pattern in output, output
 
 
 def test_cli_defaults_are_the_library_defaults():

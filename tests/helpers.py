@@ -1,0 +1,25 @@
+"""Helpers several test modules share (pytest puts tests/ on sys.path)."""
+
+import os
+import subprocess
+import sys
+
+
+def assert_one_line_error(result, output, pattern):
+    """A CLI failure the way users should see it: exit code 2 and one `error:` line, no traceback."""
+    assert result.exit_code == 2, output
+    assert "Traceback" not in output
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), output
+    assert pattern in output, output
+
+
+def run_two_cpu_ranks(script, *args, timeout: int = 300) -> None:
+    """Run `script` in 2 CPU processes (gloo) and fail with its stderr if it fails.
+
+    torchrun, not `accelerate launch --cpu`, which starts several CPU processes only through
+    mpirun; the Trainer's accelerate then picks MULTI_CPU with gloo."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), *map(str, args)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]

@@ -268,9 +268,9 @@ def resolve_target(target: str | None, curves: dict[str, list[dict]]) -> dict | 
     return {"accuracy": value, "reference": None}
 
 
-def summarize_recipe(summaries: list[dict], budget: Budget, target: float | None) -> dict:
-    curves = [budget_curve(s["heldout_history"]) for s in summaries]
-    curve = aggregate_curves(curves)
+def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: list[dict], budget: Budget,
+                     target: float | None) -> dict:
+    """One recipe's result from its seeds' summaries, their `budget_curve`s and the aggregate of those."""
     per_seed = []
     for summary, seed_curve in zip(summaries, curves, strict=True):
         record = {
@@ -324,10 +324,11 @@ def summarize_recipe(summaries: list[dict], budget: Budget, target: float | None
 
 def aggregate(runs: list[PlannedRun], budget: Budget, target: str | None, recipes: dict[str, dict]) -> dict:
     by_name = load_summaries(runs)
-    curves = {name: aggregate_curves([budget_curve(s["heldout_history"]) for s in ss]) for name, ss in by_name.items()}
+    seed_curves = {name: [budget_curve(s["heldout_history"]) for s in ss] for name, ss in by_name.items()}
+    curves = {name: aggregate_curves(c) for name, c in seed_curves.items()}
     resolved = resolve_target(target, curves)
     goal = resolved["accuracy"] if resolved else None
-    results = {name: summarize_recipe(ss, budget, goal) for name, ss in by_name.items()}
+    results = {name: summarize_recipe(ss, seed_curves[name], curves[name], budget, goal) for name, ss in by_name.items()}
     reference = resolved.get("reference") if resolved else None
     if reference is not None:
         ref_seconds = results[reference]["to_target"]["seconds"]

@@ -76,7 +76,7 @@ def run(recipe: dict, steps: int, output_dir: Path, dynamic: bool) -> dict:
             first_round_informative_fraction=round(total["first_round_informative"] / (len(history) * history[0]["trained_groups"]), 3),
             informative_fraction=round(total["informative_groups"] / total["generated_groups"], 3),
             dropped_groups=total["dropped_groups"],
-            repeated_groups=total["repeated_groups"],
+            zero_weight_groups=total["zero_weight_groups"],
             zero_variance_trained=total["zero_variance_trained"],
             per_step=history,
         )
@@ -112,7 +112,7 @@ def main() -> None:
     print(f"  informative groups: {dynamic['first_round_informative_fraction']:.1%} of a step's first round, "
           f"{dynamic['informative_fraction']:.1%} of all generated")
     print(f"  rounds per step: mean {dynamic['mean_rounds']}, histogram {dynamic['rounds_histogram']}, "
-          f"cap hit {dynamic['cap_hits']}x; groups repeated to fill {dynamic['repeated_groups']}, "
+          f"cap hit {dynamic['cap_hits']}x; groups left out of the loss to keep the batch shape {dynamic['zero_weight_groups']}, "
           f"zero-variance trained {dynamic['zero_variance_trained']}")
     if "no_dynamic" in report:
         print(f"  generation time: {dynamic['generation_seconds']} s vs {report['no_dynamic']['generation_seconds']} s "

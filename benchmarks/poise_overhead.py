@@ -17,24 +17,12 @@ import time
 from pathlib import Path
 
 from transformers import TrainerCallback
-from trl import GRPOTrainer
 
 from poise_trl.provenance import package_versions, write_json
 from poise_trl.recipe import split_recipe
 from poise_trl.rewards import get_reward_functions
 from poise_trl.train import build_config, load_datasets, load_tokenizer, resolve_model_path
 from poise_trl.trainers import get_algorithm
-
-
-class CountingGRPOTrainer(GRPOTrainer):
-    """Plain GRPO that counts its policy forward passes the way POISETrainer does."""
-
-    policy_forward_passes = 0
-
-    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        if model is self.model:
-            self.policy_forward_passes += 1
-        return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
 
 
 class StepTimer(TrainerCallback):
@@ -62,7 +50,7 @@ def run(algo: str, model: str, steps: int, num_iterations: int, out: Path) -> di
     settings, config_kwargs = split_recipe(recipe, config_class)
     args = build_config(algo, config_kwargs, str(out / f"{algo}-it{num_iterations}"))
     train_set, _ = load_datasets(settings, seed=0)
-    trainer_class = CountingGRPOTrainer if algo == "grpo" else get_algorithm(algo).trainer_class
+    trainer_class = get_algorithm(algo).trainer_class  # grpo: TRL's trainer plus the pass counter
     timer = StepTimer()
     trainer = trainer_class(model=model, reward_funcs=get_reward_functions(["math_accuracy"]), args=args,
                             train_dataset=train_set, processing_class=load_tokenizer(model), callbacks=[timer])

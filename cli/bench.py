@@ -19,28 +19,59 @@ def _fail(message: str) -> None:
 
 def bench(
     names: list[str] = typer.Argument(
-        None, metavar="BENCH", help="Benchmarks: aime24 aime25 aime26 amc23 amc24 hmmt25 brumo25 math-500 toy-arith "
-        "(with --compare: two result folders)."
+        None, metavar="BENCH", help="Benchmarks: aime24 aime25 aime26 amc23 amc24 hmmt25 brumo25 math-500 toy-arith, "
+        "a registered dataset, a local file or folder (json/jsonl/parquet/csv/save_to_disk, any schema the loader "
+        "reads), a hub id, or any name given with --data-file (with --compare: two result folders). All registered "
+        "benchmarks but toy-arith download from the Hugging Face Hub: offline, give --data-file NAME=FILE."
     ),
-    model: str = typer.Option(None, "--model", "-m", help="Local model folder or hub id (with a chat template)."),
-    n: int = typer.Option(32, "--n", help="Samples per problem."),
-    temperature: float = typer.Option(0.6, help="Sampling temperature (0: greedy)."),
-    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling threshold."),
+    model: str = typer.Option(
+        None, "--model", "-m", help="Local model folder or hub id (with a chat template). Required, except with --compare."
+    ),
+    preset: str = typer.Option(
+        None, "--preset", help="A published protocol: poise (the paper's seven math sets, Avg@32, T=0.6, top-p 0.95, "
+        "8192 new tokens; amc24 needs --data-file amc24=FILE). Supplies the benchmarks when none are named."
+    ),
+    n: int = typer.Option(None, "--n-samples", "-n", help="Samples per problem, the n of Avg@n (default 32)."),
+    n_old: int = typer.Option(None, "--n", hidden=True),  # the earlier spelling, still accepted
+    temperature: float = typer.Option(None, help="Sampling temperature (0: greedy; default 0.6)."),
+    top_p: float = typer.Option(None, "--top-p", help="Nucleus sampling threshold (default 0.95)."),
     max_new_tokens: int = typer.Option(
         None, "--max-new-tokens", help="Token budget per response (default: the benchmark's, 32768; toy-arith 96)."
     ),
     output_dir: Path = typer.Option(Path("runs/bench"), "--output-dir", "-o", help="Where samples and summary.json go."),
-    data_file: list[Path] = typer.Option(
-        None, "--data-file", help="Local copy of the benchmark (json/jsonl/parquet/csv, any schema the loader "
-        "detects); with several benchmarks, one per benchmark in the order they are named."
+    data_file: list[str] = typer.Option(
+        None, "--data-file", help="Local copy of a benchmark: NAME=FILE, or FILE for each benchmark in the order "
+        "they are named. An unregistered NAME with --data-file is run under that name."
     ),
-    seed: int = typer.Option(0, help="Sampling seed."),
+    name: str = typer.Option(None, "--name", help="Save the (single) benchmark's results under this name."),
+    question_column: str = typer.Option(
+        None, "--question-column", help="Column of the problems, when not detected (dotted for nested fields; "
+        "body+question joins two)."
+    ),
+    answer_column: str = typer.Option(
+        None, "--answer-column", help="Column of the gold answers, when not detected (dotted for nested fields, "
+        "e.g. reward_model.ground_truth)."
+    ),
+    split: str = typer.Option(None, "--split", help="Split to evaluate (default: the benchmark's held-out split)."),
+    limit: int = typer.Option(None, "--limit", help="Evaluate a seeded random subset of this many problems."),
+    config: str = typer.Option(None, "--config", help="Hub dataset config (subset), for a hub id."),
+    seed: int = typer.Option(0, help="Sampling seed (also the --limit subset's)."),
     batch_size: int = typer.Option(32, "--batch-size", help="Samples of a problem generated (and saved) together."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard earlier samples made with other settings."),
+    push_to_hub: str = typer.Option(
+        None, "--push-to-hub", help="Add the results to this hub model's card (model-index), e.g. me/my-model."
+    ),
     compare: bool = typer.Option(False, "--compare", help="Compare two result folders: poise bench --compare O1 O2."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    engine: str = typer.Option(
+        "auto", "--engine", help="What generates: auto (vLLM when it imports and runs the model, GPU or CPU "
+                                 "build; else transformers), vllm or transformers."
+    ),
 ):
-    """Sample, grade and score math benchmarks (Avg@n, pass@k, maj@n); resumes an interrupted run."""
+    """Sample, grade and score math benchmarks (Avg@n, pass@k, maj@n); resumes an interrupted run. Writes
+    summary.json and EvalScope reports (OUTPUT_DIR/reports/MODEL/BENCH.json)."""
+    from poise_trl.cli.main import user_errors  # cli.main imports this module to register the command
+
     from poise_trl import bench as lib
 
     names = names or []
@@ -53,21 +84,48 @@ def bench(
             return
         if not model:
             raise lib.BenchError("give the model to evaluate with --model (a local folder or a hub id)")
-        if data_file and len(data_file) != len(names):
-            raise lib.BenchError(f"{len(data_file)} --data-file for {len(names)} benchmarks: give one per benchmark")
+        from poise_trl.recipe import check_model_files
+
+        check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before any engine starts
+        n = n if n is not None else n_old
+        columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
         summary = lib.run_benchmarks(
             names, model, num_samples=n, temperature=temperature, top_p=top_p,
             max_new_tokens=max_new_tokens, output_dir=output_dir, seed=seed,
-            data_files=dict(zip(names, data_file, strict=True)) if data_file else None,
-            batch_size=batch_size, overwrite=overwrite, show_progress=not no_progress,
+            data_files=_data_files(data_file or [], names, preset), batch_size=batch_size, overwrite=overwrite,
+            show_progress=not no_progress, preset=preset, name=name, engine=engine,
+            request=lib.DataRequest(split=split, limit=limit, columns=columns or None, config=config),
         )
-    except (ValueError, FileNotFoundError) as exc:  # BenchError, DatasetFormatError, RecipeError
+        if push_to_hub:
+            from poise_trl.hub import push_bench_results
+
+            push_bench_results(push_to_hub, lib.eval_results(summary), lib.model_id(summary["model"]))
+    except user_errors() as exc:  # BenchError, DatasetFormatError, DatasetUnavailableError, HubPushError, ...
         _fail(str(exc))
         return
     except KeyboardInterrupt:
         console.print("interrupted: the graded samples are saved; run the same command again to finish")
         raise typer.Exit(code=130) from None
     _print_summary(summary, output_dir)
+    if push_to_hub:
+        console.print(f"model-index added to https://huggingface.co/{push_to_hub}", highlight=False)
+
+
+def _data_files(items: list[str], names: list[str], preset: str | None) -> dict[str, str] | None:
+    """--data-file values: all NAME=FILE (NAME a benchmark), or all bare FILEs, one per benchmark in order."""
+    from poise_trl.bench import PRESETS, BenchError
+
+    if not items:
+        return None
+    known = set(names) or set(PRESETS[preset].benchmarks if preset in PRESETS else ())
+    pairs = [item.split("=", 1) for item in items]
+    named = [len(pair) == 2 and pair[0] in known for pair in pairs]
+    if all(named):
+        return {bench: path for bench, path in pairs}
+    if any(named) or len(items) != len(names):
+        raise BenchError(f"{len(items)} --data-file for {len(names)} benchmarks: give NAME=FILE for each, or one "
+                         "FILE per benchmark in the order they are named")
+    return dict(zip(names, items, strict=True))
 
 
 def _print_summary(summary: dict, output_dir: Path) -> None:
@@ -89,7 +147,9 @@ def _print_summary(summary: dict, output_dir: Path) -> None:
     table.add_row("tokens", *(f"{m['mean_tokens']:.0f}" for _, m in columns))
     table.add_row("truncated", *(f"{m['truncated_fraction']:.1%}" for _, m in columns))
     console.print(table)
-    console.print(f"model: {summary['model']}\nsummary: {output_dir / 'summary.json'}", highlight=False)
+    engine = summary.get("engine") or "none (every sample was already on disk)"
+    console.print(f"model: {summary['model']}\ngenerated with: {engine}\nsummary: {output_dir / 'summary.json'}",
+                  highlight=False)
 
 
 def _print_comparison(rows: list[dict], notes: list[str], folder_a: str, folder_b: str) -> None:

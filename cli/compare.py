@@ -17,7 +17,7 @@ def compare(
     budget_tokens: int = typer.Option(None, "--budget-tokens", help="Generated completion tokens per run."),
     budget_rollouts: int = typer.Option(None, "--budget-rollouts", help="Generated rollouts per run (instead of tokens)."),
     seeds: int = typer.Option(3, "--seeds", help="Seeds per recipe: 0 .. N-1 (from --first-seed)."),
-    first_seed: int = typer.Option(0, "--first-seed"),
+    first_seed: int = typer.Option(0, "--first-seed", help="The first seed (each recipe runs --seeds seeds from it)."),
     eval_points: int = typer.Option(4, "--eval-points", help="Held-out evaluations at equal fractions of the budget."),
     target: str = typer.Option(
         None, "--target", help="Accuracy to reach (e.g. 0.75), or a run name (e.g. dapo) for its final mean accuracy."
@@ -32,7 +32,11 @@ def compare(
     no_progress: bool = typer.Option(False, "--no-progress", help="Plain logs from the runs."),
 ):
     """Run recipes under the same generation budget over several seeds; writes compare.json,
-    accuracy.png, training_signals.png and prints the table. Rerun to resume."""
+    accuracy.png, training_signals.png and prints the table.
+
+    Rerun the same command to resume: complete runs are skipped, interrupted ones resume from
+    their newest complete checkpoint, and runs made with other settings are refused.
+    """
     from poise_trl.cli.main import fail, user_errors
 
     from poise_trl import compare as lib

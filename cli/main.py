@@ -2,14 +2,63 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import sys
+import typing
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperCommand, TyperGroup
+
+
+class TidyHelp:
+    """Help without typer's placeholders: `RECIPE`, not `{RECIPE}`, and no `<bool>` after flags."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [piece.replace("{", "").replace("}", "") for piece in super().collect_usage_pieces(ctx)]
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class TidyCommand(TidyHelp, TyperCommand):
+    pass
+
+
+class OneLineErrors(TidyHelp, TyperGroup):
+    """Usage errors (a missing argument, `--seeds abc`) as one `error:` line on stderr, like
+    every other bad input, instead of click's boxed usage text."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as exc:  # the base of click's usage errors in typer's bundled click
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                from typer import rich_utils
+
+                rich_utils.rich_format_error(exc)  # `poise` or `poise toy` alone: the help, as for --help
+                sys.exit(0)
+            where = f" (see {exc.ctx.command_path} --help)" if getattr(exc, "ctx", None) else ""
+            message = " ".join(exc.format_message().split())
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(message + where)}", highlight=False, soft_wrap=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            Console(stderr=True).print("[bold red]error:[/] aborted", highlight=False)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
+    cls=OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
     help="poise-trl: RL with verifiable rewards on one node (POISE, AsyPPO, VAPO, REINFORCE++, DAPO, GRPO, RLOO).",
@@ -17,13 +66,15 @@ app = typer.Typer(
 toy_app = typer.Typer(no_args_is_help=True, help="The tiny-model world: build the bundled actor and critic.")
 app.add_typer(toy_app, name="toy")
 console = Console()
+err_console = Console(stderr=True)
 
 
 def fail(message: str) -> None:
-    """One clear line instead of a traceback (POISE_DEBUG=1 shows the traceback)."""
+    """One clear line on stderr instead of a traceback (POISE_DEBUG=1 shows the traceback)."""
     if os.environ.get("POISE_DEBUG"):
         raise
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    message = " ".join(str(message).split())  # one line, whatever the library's message looks like
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
@@ -37,13 +88,24 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 @app.command(context_settings={"allow_extra_args": False})
 def train(
-    recipe: Path = typer.Argument(..., help="Recipe YAML, e.g. recipes/toy/grpo.yaml"),
-    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. max_steps=20 peft.r=8"),
-    output_dir: str = typer.Option(None, "--output-dir", "-o", help="Where checkpoints and summary.json go."),
-    push_to_hub: bool = typer.Option(False, "--push-to-hub", help="Push the final model (needs hub_model_id)."),
+    recipe: Path = typer.Argument(..., help="Recipe YAML, e.g. recipes/toy/grpo.yaml."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides read as YAML, e.g. max_steps=20 peft.r=8."),
+    output_dir: str = typer.Option(
+        None, "--output-dir", "-o", help="Where checkpoints, summary.json and final/ go (default: the recipe's "
+        "output_dir, else runs/ALGO)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace a run with other settings, or a finished one, in --output-dir (by default "
+        "it is refused, or reported and left untouched)."),
+    push_to_hub: bool = typer.Option(False, "--push-to-hub", help="Push the final model and its card (needs "
+                                     "hub_model_id in the recipe)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Plain logs instead of the live display."),
 ):
-    """Train with a recipe; writes checkpoints and OUTPUT_DIR/summary.json."""
+    """Train with a recipe; writes checkpoints, OUTPUT_DIR/summary.json and final/ (model + card).
+
+    Rerunning the same command resumes an interrupted run from its newest complete checkpoint
+    (every `save_steps` steps), also after kill -9; a finished run is reported and left
+    untouched; a folder holding a run with other settings is refused unless --overwrite.
+    """
     from poise_trl.recipe import load_recipe
 
     try:
@@ -52,9 +114,12 @@ def train(
             spec["push_to_hub"] = True
         from poise_trl.train import train_from_recipe
 
-        summary = train_from_recipe(spec, output_dir=output_dir, show_progress=not no_progress)
+        summary = train_from_recipe(spec, output_dir=output_dir, show_progress=not no_progress, overwrite=overwrite,
+                                    log=lambda line: console.print(line, highlight=False, soft_wrap=True))
     except user_errors() as exc:
         fail(str(exc))
+        return
+    if summary.get("already_finished"):
         return
     table = Table(title=f"poise train: {summary['algo']} on {summary['dataset']}")
     table.add_column("metric")
@@ -76,30 +141,41 @@ def train(
 
 @toy_app.command("build")
 def toy_build(
-    output_dir: Path = typer.Option(Path("data/tiny-qwen3"), "--output-dir", "-o"),
-    seed: int = typer.Option(0),
-    max_steps: int = typer.Option(None, help="SFT steps (default: the bundled model's setting)."),
+    output_dir: Path = typer.Option(Path("data/tiny-qwen3"), "--output-dir", "-o", help="Where the model goes."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation, the SFT data and the evaluation."),
+    max_steps: int = typer.Option(None, "--max-steps", help="SFT steps (default: the bundled model's setting)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --output-dir (the bundled "
+                                   "one by default)."),
 ):
     """Build the tiny Qwen3 model: tokenizer, SFT with TRL, held-out accuracy, model card."""
     from poise_trl.toy import build_tiny_model
 
     kwargs = {} if max_steps is None else {"max_steps": max_steps}
-    card = build_tiny_model(output_dir, seed=seed, **kwargs)
+    try:
+        card = build_tiny_model(output_dir, seed=seed, overwrite=overwrite, **kwargs)
+    except user_errors() as exc:
+        fail(str(exc))
+        return
     acc = card["heldout_sampled_accuracy"]
     console.print(f"saved {output_dir}: held-out sampled accuracy {acc['accuracy']:.3f} by level {acc.get('by_level')}")
 
 
 @toy_app.command("build-critic")
 def toy_build_critic(
-    output_dir: Path = typer.Option(Path("data/tiny-critic"), "--output-dir", "-o"),
+    output_dir: Path = typer.Option(Path("data/tiny-critic"), "--output-dir", "-o", help="Where the critic goes."),
     actor_dir: Path = typer.Option(Path("data/tiny-qwen3"), "--actor-dir", help="Initialise from this actor."),
-    num_layers: int = typer.Option(2, help="Decoder blocks kept from the actor."),
-    seed: int = typer.Option(0),
+    num_layers: int = typer.Option(2, "--num-layers", help="Decoder blocks kept from the actor."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the value-head initialisation."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a critic already in --output-dir (the bundled "
+                                   "one by default)."),
 ):
     """Build the tiny critic for AsyPPO / PPO / VAPO from the tiny actor's first blocks."""
     from poise_trl.critics import build_tiny_critic
 
     try:
+        if not overwrite and any(output_dir.glob("*.safetensors")):
+            raise ValueError(f"{output_dir} already holds a model: give --overwrite to replace it, or another "
+                             "--output-dir")
         card = build_tiny_critic(output_dir, actor_dir=actor_dir, num_layers=num_layers, seed=seed)
     except (OSError, ValueError) as exc:
         fail(str(exc))
@@ -110,14 +186,35 @@ def toy_build_critic(
 def _register_commands() -> None:
     from poise_trl.cli.bench import bench
     from poise_trl.cli.compare import compare
+    from poise_trl.cli.plan import plan
     from poise_trl.cli.probe_eval import probe_eval
 
     app.command("bench")(bench)
     app.command("probe-eval")(probe_eval)
     app.command("compare")(compare)
+    app.command("plan")(plan)
+
+
+def _tidy_help(typer_app: typer.Typer) -> None:
+    """Help without typer's placeholders: arguments as RECIPE (not `{recipe}`), flags without
+    `<bool>`. Sets the metavar of every parameter that has none, for every command."""
+    for info in typer_app.registered_commands:
+        info.cls = TidyCommand if info.cls in (None, TyperCommand) else info.cls
+        for param in inspect.signature(info.callback).parameters.values():
+            spec = param.default
+            if not isinstance(spec, (typer.models.OptionInfo, typer.models.ArgumentInfo)) or spec.metavar is not None:
+                continue
+            annotation = typing.get_type_hints(info.callback).get(param.name)
+            if isinstance(spec, typer.models.ArgumentInfo):
+                spec.metavar = param.name.upper()
+            elif annotation is bool:
+                spec.metavar = ""
+    for group in typer_app.registered_groups:
+        _tidy_help(group.typer_instance)
 
 
 _register_commands()
+_tidy_help(app)
 
 if __name__ == "__main__":
     app()

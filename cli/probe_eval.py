@@ -21,25 +21,28 @@ _ROWS = {
 
 
 def probe_eval(
-    model: str = typer.Option(None, "--model", "-m", help="Policy: a local folder or hub id (with a chat template)."),
+    model: str = typer.Option(
+        None, "--model", "-m", help="Policy: a local folder or hub id (with a chat template). Required."
+    ),
     dataset: str = typer.Option(
-        None, "--dataset", "-d", help="Registered name (toy-arith, math-500, ...), a local json/jsonl/parquet/csv, or a hub id."
+        None, "--dataset", "-d", help="Registered name (toy-arith, math-500, ...), a local json/jsonl/parquet/csv file or folder "
+        "(save_to_disk too), or a hub id (math-500 and the other registered math sets come from the hub). Required."
     ),
     split: str = typer.Option(None, help="Split (default: a registered dataset's held-out split, toy-arith: test)."),
-    question_column: str = typer.Option(None, "--question-column", help="Column of the questions, when not detected."),
-    answer_column: str = typer.Option(None, "--answer-column", help="Column of the gold answers, when not detected."),
+    question_column: str = typer.Option(None, "--question-column", help="Column of the questions, when not detected (dotted for nested fields; body+question joins two)."),
+    answer_column: str = typer.Option(None, "--answer-column", help="Column of the gold answers, when not detected (dotted for nested fields, e.g. reward_model.ground_truth)."),
     limit: int = typer.Option(None, help="Use a random subset of this many prompts (seeded)."),
     prompt_suffix: str = typer.Option(None, "--prompt-suffix", help="Appended to every question."),
-    system_prompt: str = typer.Option(None, "--system-prompt"),
+    system_prompt: str = typer.Option(None, "--system-prompt", help="System message before every question."),
     n_samples: int = typer.Option(8, "--n-samples", "-n", help="Rollouts per prompt (Avg@n)."),
-    temperature: float = typer.Option(1.0),
-    top_p: float = typer.Option(1.0, "--top-p"),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature of the rollouts."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold of the rollouts."),
     max_new_tokens: int = typer.Option(
         None, "--max-new-tokens", help="Token budget per rollout (default: a `poise bench` benchmark's own, toy-arith 96; else 8192)."
     ),
     seed: int = typer.Option(0, help="Sampling seed (also the split's, unless --split-seed)."),
     split_seed: int = typer.Option(None, "--split-seed", help="Seed of the train / held-out prompt split."),
-    heldout_fraction: float = typer.Option(0.3, "--heldout-fraction"),
+    heldout_fraction: float = typer.Option(0.3, "--heldout-fraction", help="Fraction of prompts held out for testing."),
     layer: str = typer.Option("0.55", help="Probe layer: block index (int) or depth fraction (float)."),
     layers: list[str] = typer.Option(
         None, "--layers", help="Layer sweep, e.g. --layers 0,1,2 or --layers 0.25 --layers 0.55 (default: all blocks up to 8, else 6 depths)."
@@ -50,21 +53,25 @@ def probe_eval(
     response_components: int = typer.Option(
         64, "--response-components", help="PCA dims of response vectors (at most one per 64 train rollouts)."
     ),
-    ridge_alpha: float = typer.Option(100.0, "--ridge-alpha"),
+    ridge_alpha: float = typer.Option(100.0, "--ridge-alpha", help="Ridge penalty of the probe."),
     value_model: str = typer.Option(
         None, "--value-model", help="LM to fine-tune as the value model (default: a copy of --model; same tokenizer)."
     ),
     value_target: str = typer.Option(
         "reward", "--value-target", help="reward: the rollout's own reward; loo: leave-one-out, like the probe."
     ),
-    value_epochs: int = typer.Option(3, "--value-epochs"),
+    value_epochs: int = typer.Option(3, "--value-epochs", help="Fine-tuning epochs of the value model."),
     value_lr: float = typer.Option(
         None, "--value-lr", help="Value model learning rate (default: 1e-3 below 10M parameters, else 1e-5)."
     ),
-    value_batch_size: int = typer.Option(16, "--value-batch-size"),
+    value_batch_size: int = typer.Option(16, "--value-batch-size", help="Batch size of the value model's fine-tuning."),
     batch_size: int = typer.Option(64, "--batch-size", help="Rows per generation / feature batch."),
     output_dir: Path = typer.Option(Path("runs/probe-eval"), "--output-dir", "-o", help="Report, plots and the cache."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
+    engine: str = typer.Option(
+        "auto", "--engine", help="What samples the rollouts: auto (vLLM when it imports and runs the model, GPU "
+                                 "or CPU build; else transformers), vllm or transformers."
+    ),
 ):
     """Can a probe on the policy's internal states predict the value of unseen prompts? (seed 000, Sec. 3.1)
 
@@ -79,6 +86,9 @@ def probe_eval(
     try:
         if not model or not dataset:
             raise lib.ProbeEvalError("give the policy with --model and the prompts with --dataset")
+        from poise_trl.recipe import check_model_files
+
+        check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before sampling
         main_layer = lib.parse_layers([layer])
         if len(main_layer) != 1:
             raise lib.ProbeEvalError(f"--layer takes one block index or depth fraction, got {layer!r}")
@@ -90,7 +100,7 @@ def probe_eval(
             layer=main_layer[0], layers=lib.parse_layers(layers) if layers else None,
             prompt_components=prompt_components, response_components=response_components, ridge_alpha=ridge_alpha,
             value_model=value_model, value_target=value_target, value_epochs=value_epochs, value_lr=value_lr,
-            value_batch_size=value_batch_size, batch_size=batch_size, output_dir=str(output_dir),
+            value_batch_size=value_batch_size, batch_size=batch_size, output_dir=str(output_dir), engine=engine,
         )
         report = lib.run_probe_eval(settings, show_progress=not no_progress)
     except user_errors() as exc:

@@ -8,6 +8,12 @@ whose seed depends only on (seed, block size, problem, block), so what a resumed
 depend on what an interrupted one had finished: resumed results are those of a fresh run.
 `<output_dir>/<bench>/settings.json` records what the samples depend on, and a run with other settings is
 refused instead of mixing samples.
+
+A benchmark is a registered name (BENCHMARKS), a registered dataset, a local file or folder, or a hub id, in
+any schema poise_trl.data reads. The `poise` preset is the paper's protocol (seed 000, Sec. 4.1: Avg@32 at
+T=0.6, top-p 0.95 on AMC23/24, AIME24/25/26, HMMT25, BRUMO25). Results are also written as EvalScope
+reports (`<output_dir>/reports/<model>/<bench>.json`, so `evalscope app --outputs <parent of output_dir>`
+lists them) and can be added to a hub model card as model-index entries (`eval_results`).
 """
 
 from __future__ import annotations
@@ -28,12 +34,20 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from poise_trl.callbacks import progress_bars
-from poise_trl.data import DATASETS, DatasetUnavailableError, held_out_split, load_prompt_dataset
+from poise_trl.data import (
+    DATA_SUFFIXES,
+    DATASETS,
+    DatasetUnavailableError,
+    held_out_split,
+    load_prompt_dataset,
+)
 from poise_trl.generation import (
+    ENGINES,
     Sample,
+    close_vllm_engines,
     sample_transformers,
     sample_vllm,
-    vllm_available,
+    start_engine,
 )
 from poise_trl.provenance import package_versions, write_json
 from poise_trl.rewards import extract_final_answer, is_correct
@@ -75,6 +89,27 @@ BENCHMARKS: dict[str, Benchmark] = {
     "toy-arith": Benchmark("toy-arith", prompt_suffix=None, max_new_tokens=96),
 }
 
+
+@dataclass(frozen=True)
+class Preset:
+    """A published evaluation protocol: its benchmarks and sampling settings."""
+
+    benchmarks: tuple[str, ...]
+    num_samples: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+
+
+# The POISE paper's protocol (seed 000, Sec. 4.1; max new tokens from the reference evaluation in
+# docs/poise-spec.md). amc24 has no verified hub copy: give it with --data-file amc24=FILE.
+PRESETS: dict[str, Preset] = {
+    "poise": Preset(("amc23", "amc24", "aime24", "aime25", "aime26", "hmmt25", "brumo25"), 32, 0.6, 0.95, 8192),
+}
+DEFAULT_SAMPLING = {"num_samples": 32, "temperature": 0.6, "top_p": 0.95}
+COLUMN_FLAG = "--{role}-column COLUMN"  # how bench's errors tell the user to name a column
+_BENCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
 # The settings samples depend on; a resumed run must match them all.
 RESULT_SETTINGS = ("model", "num_samples", "temperature", "top_p", "max_new_tokens", "seed", "data_fingerprint")
 
@@ -82,27 +117,87 @@ RESULT_SETTINGS = ("model", "num_samples", "temperature", "top_p", "max_new_toke
 # ---------------------------------------------------------------------------------------------- data
 
 
-def load_benchmark(name: str, data_file: str | Path | None = None):
-    """The benchmark's prompts (`prompt`, `answer`): from `data_file` (a file, or a folder holding one, in
-    any schema poise_trl.data detects) when given, else from its registered source."""
-    if name not in BENCHMARKS:
-        raise BenchError(f"unknown benchmark {name!r}; known benchmarks: {', '.join(BENCHMARKS)}")
-    spec = BENCHMARKS[name]
+@dataclass(frozen=True)
+class DataRequest:
+    """Which rows to evaluate on, beyond the benchmark's own source: `--split`, `--limit` (a seeded subset),
+    `--question-column` / `--answer-column` (dotted paths for nested fields) and a hub `--config`."""
+
+    split: str | None = None
+    limit: int | None = None
+    columns: dict[str, str] | None = None
+    config: str | None = None
+
+
+def benchmark_source(target: str, data_file: str | Path | None = None) -> Benchmark:
+    """Where a benchmark named on the command line comes from: a registered benchmark (its `data_file`
+    copy when given), any name given with a `data_file`, a registered dataset, a local file or folder, or a
+    hub id."""
+    if data_file is not None and not Path(data_file).exists():
+        raise BenchError(f"--data-file {data_file}: no such file")
+    if target in BENCHMARKS:
+        spec = BENCHMARKS[target]
+        if data_file is not None:
+            return Benchmark(str(data_file), None, spec.prompt_suffix, spec.max_new_tokens)
+        if spec.source is None:
+            raise BenchError(f"{target} has no verified hub copy registered: give a local copy with "
+                             f"--data-file {target}=FILE")
+        return spec
     if data_file is not None:
-        if not Path(data_file).exists():
-            raise BenchError(f"--data-file {data_file}: no such file")
-        return load_prompt_dataset(str(data_file), prompt_suffix=spec.prompt_suffix)
-    if spec.source is None:
-        raise BenchError(f"{name} has no verified hub copy registered: give a local copy with --data-file FILE")
-    split = held_out_split(spec.source) if spec.source in DATASETS else spec.split
+        return Benchmark(str(data_file))
+    if target in DATASETS or Path(target).exists() or re.fullmatch(r"[\w.-]+/[\w.-]+", target):
+        return Benchmark(target)
+    hint = " (no such file)" if Path(target).suffix in DATA_SUFFIXES else ""
+    raise BenchError(
+        f"unknown benchmark {target!r}{hint}: give a registered benchmark ({', '.join(BENCHMARKS)}), a local "
+        "file or folder, or a hub id (owner/name); to run a local copy under this name add --data-file FILE"
+    )
+
+
+def benchmark_name(target: str, data_file: str | Path | None = None, name: str | None = None) -> str:
+    """The folder a benchmark's results go to: `name`, else the benchmark as named (with a data file, or
+    registered), a file's stem, or a folder's or hub id's last part."""
+    if name is None:
+        path = Path(target)
+        name = target if target in BENCHMARKS or data_file else path.stem if path.suffix else path.name
+    if not _BENCH_NAME.fullmatch(name) or name == "reports":  # reports/ holds the EvalScope reports
+        raise BenchError(f"{name!r} cannot name a results folder; pass --name NAME (letters, digits, . _ + -)")
+    return name
+
+
+def load_benchmark(name: str, data_file: str | Path | None = None, request: DataRequest | None = None,
+                   seed: int = 0):
+    """The benchmark's prompts (`prompt`, `answer`): from `data_file` (a file or folder in any schema
+    poise_trl.data reads) when given, else from its source (see `benchmark_source`)."""
+    request = request or DataRequest()
+    spec = benchmark_source(name, data_file)
+    split = request.split or (held_out_split(spec.source) if spec.source in DATASETS else spec.split)
     try:
-        return load_prompt_dataset(spec.source, split=split, prompt_suffix=spec.prompt_suffix)
+        return load_prompt_dataset(
+            spec.source, split=split, columns=request.columns, prompt_suffix=spec.prompt_suffix,
+            limit=request.limit, seed=seed, config=request.config, column_option=COLUMN_FLAG,
+        )
     except DatasetUnavailableError as exc:
         cause = exc.__cause__.__class__.__name__ if exc.__cause__ else "unavailable"
+        how = f"--data-file {name}=FILE" if name in BENCHMARKS else f"its file or folder instead of {name}"
         raise BenchError(
             f"cannot load {name} from the hub ({spec.source}: {cause}); offline? "
-            "Download a copy where the hub is reachable and pass it with --data-file FILE"
+            f"Download a copy where the hub is reachable and pass {how}"
         ) from None
+
+
+def resolve_preset(preset: str | None, benchmarks: list[str], **sampling) -> tuple[list[str], dict]:
+    """Benchmarks and sampling settings (num_samples, temperature, top_p, max_new_tokens; None: unset) once
+    `preset` is applied. A preset fixes its protocol: a setting that contradicts it is refused."""
+    if preset is None:
+        return benchmarks, {k: DEFAULT_SAMPLING.get(k) if v is None else v for k, v in sampling.items()}
+    if preset not in PRESETS:
+        raise BenchError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+    fixed = PRESETS[preset]
+    for key, value in sampling.items():
+        if value is not None and value != getattr(fixed, key):
+            flag = {"num_samples": "--n"}.get(key, "--" + key.replace("_", "-"))
+            raise BenchError(f"--preset {preset} fixes {flag} {getattr(fixed, key)}; drop {flag} {value} or the preset")
+    return benchmarks or list(fixed.benchmarks), {key: getattr(fixed, key) for key in sampling}
 
 
 def data_fingerprint(dataset) -> str:
@@ -298,7 +393,7 @@ def block_seed(seed: int, block_size: int, problem: int, block: int) -> int:
 
 @dataclass
 class Engine:
-    """What generates: vLLM (an engine per call, from the model path) or a loaded transformers model."""
+    """What generates: vLLM (`generation.vllm_engine`, one per model path) or a loaded transformers model."""
 
     model_path: str
     model: object = None
@@ -309,10 +404,13 @@ class Engine:
         return "transformers" if self.model is not None else "vllm"
 
 
-def load_engine(model_path: str) -> Engine:
-    """vLLM when installed and a GPU is present, otherwise the transformers model (bf16 on GPU)."""
-    if vllm_available():
-        return Engine(model_path)
+def load_engine(model_path: str, requested: str = "auto") -> Engine:
+    """vLLM when it runs here (`generation.start_engine`), otherwise the transformers model (bf16 on GPU)."""
+    try:
+        if start_engine(model_path, requested) is not None:
+            return Engine(model_path)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
 
     tokenizer = load_tokenizer(model_path)
     cuda = torch.cuda.is_available()
@@ -328,8 +426,9 @@ def generate_missing(engine: Engine, dataset, settings: dict, done: set, batch_s
 
     transformers: one call per block of up to `batch_size` samples of one problem, seeded by `block_seed`;
     a block with some samples done is regenerated whole (same seed, same samples) and only the missing
-    ones are kept. vLLM seeds every request with the same seed, so a problem's n samples do not depend on
-    the other problems in the call; problems with anything missing are regenerated whole.
+    ones are kept. vLLM seeds every problem's request from the seed and the problem (`request_seed`), so a
+    problem's n samples do not depend on the other problems in the call; problems with anything missing
+    are regenerated whole.
     """
     n = settings["num_samples"]
     sampling = dict(temperature=settings["temperature"], top_p=settings["top_p"],
@@ -380,9 +479,9 @@ def resolve_model(model: str) -> str:
 def run_benchmarks(
     benchmarks: list[str],
     model: str,
-    num_samples: int = 32,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
+    num_samples: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
     max_new_tokens: int | None = None,
     output_dir: str | Path = "runs/bench",
     data_files: dict[str, str | Path] | None = None,
@@ -390,18 +489,38 @@ def run_benchmarks(
     batch_size: int = 32,
     overwrite: bool = False,
     show_progress: bool = True,
+    preset: str | None = None,
+    request: DataRequest | None = None,
+    name: str | None = None,
+    engine: str = "auto",
 ) -> dict:
-    """Run (or finish) each benchmark, write `output_dir/summary.json` and return it.
+    """Run (or finish) each benchmark, write `output_dir/summary.json` and the EvalScope reports, and return
+    the summary.
 
-    `data_files` maps benchmark names to local copies that replace their registered source.
-    `max_new_tokens=None` takes each benchmark's own budget. Every benchmark's data and settings are
-    checked before anything is generated or deleted, so a refusal never comes after hours of sampling.
+    `benchmarks` are registered names, local files or folders, or hub ids (see `benchmark_source`); `name`
+    renames a single one. `data_files` maps benchmark names to local copies that replace their source.
+    `preset` (see PRESETS) supplies the benchmarks when none are named and fixes the sampling settings;
+    without it, unset settings are Avg@32 at T=0.6, top-p 0.95. `max_new_tokens=None` takes each
+    benchmark's own budget. `request` narrows every benchmark's rows (split, limit, columns). `engine`
+    (auto, vllm, transformers) picks what generates (`generation.resolve_engine`). Every
+    benchmark's data and settings are checked before anything is generated or deleted, so a refusal never
+    comes after hours of sampling.
     """
+    benchmarks, sampling = resolve_preset(preset, list(benchmarks), num_samples=num_samples,
+                                          temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    num_samples, temperature, top_p, max_new_tokens = (
+        sampling["num_samples"], sampling["temperature"], sampling["top_p"], sampling["max_new_tokens"])
     if not benchmarks:
-        raise BenchError("name at least one benchmark: " + ", ".join(BENCHMARKS))
+        raise BenchError("name at least one benchmark (" + ", ".join(BENCHMARKS) + ", a file or a hub id), "
+                         "or a --preset (" + ", ".join(PRESETS) + ")")
+    if name is not None and len(benchmarks) != 1:
+        raise BenchError(f"--name names one benchmark; {len(benchmarks)} were given")
     data_files = data_files or {}
     if set(data_files) - set(benchmarks):
         raise BenchError(f"data files given for benchmarks not run: {', '.join(set(data_files) - set(benchmarks))}")
+    request = request or DataRequest()
+    if request.limit is not None and request.limit < 1:
+        raise BenchError(f"--limit must be at least 1, got {request.limit}")
     if num_samples < 1 or batch_size < 1 or (max_new_tokens is not None and max_new_tokens < 1):
         raise BenchError("--n, --batch-size and --max-new-tokens must be at least 1")
     if temperature < 0 or not 0 < top_p <= 1:
@@ -409,24 +528,36 @@ def run_benchmarks(
     output_dir = Path(output_dir)
     model_path = resolve_model(model)
 
+    targets = list(dict.fromkeys(benchmarks))  # a benchmark named twice runs once
+    # Names and sources first: a missing --data-file is reported before any download.
+    specs = {target: benchmark_source(target, data_files.get(target)) for target in targets}
+    folders = {target: benchmark_name(target, data_files.get(target), name) for target in targets}
+    if len(set(folders.values())) < len(folders):
+        raise BenchError(f"two benchmarks would be saved under one name ({', '.join(folders.values())}); "
+                         "run them separately with --name")
     plans = []
-    for name in dict.fromkeys(benchmarks):  # a benchmark named twice runs once
-        dataset = load_benchmark(name, data_files.get(name))
+    for target in targets:
+        bench_name, spec = folders[target], specs[target]
+        dataset = load_benchmark(target, data_files.get(target), request, seed)
         settings = {
-            "benchmark": name,
+            "benchmark": bench_name,
             "model": model_path,
             "num_samples": num_samples,
             "temperature": temperature,
             "top_p": top_p,
-            "max_new_tokens": max_new_tokens or BENCHMARKS[name].max_new_tokens,
+            "max_new_tokens": max_new_tokens or spec.max_new_tokens,
             "seed": seed,
             "data_fingerprint": data_fingerprint(dataset),
-            "data_source": str(data_files.get(name) or BENCHMARKS[name].source),
-            "prompt_suffix": BENCHMARKS[name].prompt_suffix,
+            "data_source": spec.source,
+            "split": request.split,
+            "limit": request.limit,
+            "columns": request.columns,
+            "prompt_suffix": spec.prompt_suffix,
             "num_problems": len(dataset),
+            "preset": preset,
         }
         if not overwrite:
-            check_settings(output_dir / name, settings)
+            check_settings(output_dir / bench_name, settings)
         plans.append((dataset, settings))
     for _, settings in plans:
         bench_dir = output_dir / settings["benchmark"]
@@ -436,22 +567,28 @@ def run_benchmarks(
 
     done = {s["benchmark"]: read_samples(output_dir / s["benchmark"] / "samples.jsonl") for _, s in plans}
     pending = any(len(done[s["benchmark"]]) < len(ds) * num_samples for ds, s in plans)
-    engine = load_engine(model_path) if pending else None
+    if engine not in ENGINES:
+        raise BenchError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    generator = load_engine(model_path, engine) if pending else None
     results = {}
     with progress_bars("bench", "samples", show_progress and pending) as progress:
         for dataset, settings in plans:
             name = settings["benchmark"]
-            if engine is not None:
-                finish_benchmark(engine, dataset, settings, done[name], output_dir / name, batch_size, progress)
+            if generator is not None:
+                finish_benchmark(generator, dataset, settings, done[name], output_dir / name, batch_size, progress)
             results[name] = {"settings": settings, "metrics": compute_metrics(done[name], len(dataset), num_samples)}
 
+    close_vllm_engines()
     summary = {
         "model": model_path,
+        # What generated this invocation's samples (none when every sample was already on disk).
+        "engine": generator.kind if generator is not None else None,
         "benchmarks": results,
         "average": average_over_benchmarks([r["metrics"] for r in results.values()]),
         "versions": package_versions(),
     }
     write_json(output_dir / "summary.json", summary)
+    write_evalscope_reports(summary, output_dir)
     return summary
 
 
@@ -477,6 +614,79 @@ def finish_benchmark(engine: Engine, dataset, settings: dict, done: dict, bench_
                 progress.advance(task, len(records))
 
         generate_missing(engine, dataset, settings, set(done), batch_size, on_samples)
+
+
+# ------------------------------------------------------------------------------------------- exports
+
+
+def model_id(model: str) -> str:
+    """The model's name in reports: its folder or hub id's last part (`Qwen/Qwen3-4B` -> `Qwen3-4B`)."""
+    return Path(model.rstrip("/")).name
+
+
+def evalscope_report(name: str, entry: dict, model: str) -> dict:
+    """One benchmark's results as an EvalScope report (the `Report` JSON that `evalscope` writes to
+    `reports/<model>/<dataset>.json` and its `evalscope app` / `Report.from_json` read back; the v1 layout,
+    which current EvalScope migrates on load).
+
+    `mean_acc` (EvalScope's accuracy metric, the primary one) is Avg@n; maj@n and pass@k (k > 1) follow. Each
+    metric has one category and one subset, with the number of problems.
+    """
+    metrics = entry["metrics"]
+    n, count = metrics["num_samples"], metrics["num_problems"]
+    passes = [key for key in metrics["scores"] if key.startswith("pass@") and key != "pass@1"]  # pass@1 is Avg@n
+    named = [("mean_acc", "avg"), (f"maj@{n}", "maj"), *((key, key) for key in passes)]
+
+    def metric(label: str, key: str) -> dict:
+        score = metrics["scores"][key]["value"]
+        subset = {"name": "default", "score": score, "num": count}
+        return {"name": label, "num": count, "score": score, "macro_score": score,
+                "categories": [{"name": ["default"], "num": count, "score": score, "macro_score": score,
+                                "subsets": [subset]}]}
+
+    return {
+        "name": f"{model_id(model)}@{name}",
+        "dataset_name": name,
+        "dataset_pretty_name": name,
+        "dataset_description": f"poise bench: Avg@{n} at temperature {entry['settings']['temperature']}, "
+                               f"top-p {entry['settings']['top_p']} on {entry['settings']['data_source']}",
+        "model_name": model_id(model),
+        "score": metrics["scores"]["avg"]["value"],
+        "metrics": [metric(label, key) for label, key in named],
+        "analysis": "N/A",
+    }
+
+
+def write_evalscope_reports(summary: dict, output_dir: Path) -> list[Path]:
+    """`output_dir/reports/<model>/<bench>.json` for every benchmark of `summary`."""
+    paths = []
+    for name, entry in summary["benchmarks"].items():
+        path = Path(output_dir) / "reports" / model_id(summary["model"]) / f"{name}.json"
+        write_json(path, evalscope_report(name, entry, summary["model"]))
+        paths.append(path)
+    return paths
+
+
+def eval_results(summary: dict) -> list:
+    """The summary as huggingface_hub `EvalResult`s (a model card's model-index): Avg@n, maj@n and pass@n
+    of every benchmark. A hub dataset id is the dataset type; other sources go by the benchmark's name."""
+    from huggingface_hub import EvalResult
+
+    results = []
+    for name, entry in summary["benchmarks"].items():
+        settings, metrics = entry["settings"], entry["metrics"]
+        n, source = metrics["num_samples"], str(settings["data_source"])
+        source = DATASETS[source].hub_id or source if source in DATASETS else source
+        hub_id = source if "/" in source and not Path(source).exists() else name
+        for label, key in ((f"Avg@{n}", "avg"), (f"maj@{n}", "maj"), (f"pass@{n}", f"pass@{n}")):
+            results.append(EvalResult(
+                task_type="text-generation", task_name="math reasoning", dataset_type=hub_id, dataset_name=name,
+                dataset_split=settings.get("split"), metric_type="accuracy" if key == "avg" else key,
+                metric_name=label, metric_value=round(metrics["scores"][key]["value"], 4),
+                metric_args={"temperature": settings["temperature"], "top_p": settings["top_p"],
+                             "max_new_tokens": settings["max_new_tokens"], "n": n},
+            ))
+    return results
 
 
 # ------------------------------------------------------------------------------------------- compare

@@ -23,6 +23,8 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from poise_trl.generation import evaluate_accuracy
+from poise_trl.provenance import write_json
+from poise_trl.recipe import write_checkpoint_marker
 
 
 @contextmanager
@@ -69,6 +71,8 @@ class HeldOutEvalCallback(TrainerCallback):
     evaluation and checkpoint writing never count as an algorithm's cost. With a `budget`,
     training stops once it is spent. The curve, the clock and the counters are saved in every
     checkpoint (LEDGER_FILE) and restored on resume, so a resumed run's curve is continuous.
+    The wall clock also adds up over the segments of a resumed run (up to each one's checkpoint:
+    work redone after an interruption counts once).
     """
 
     def __init__(self, dataset, tokenizer, every: int, num_samples: int, temperature: float,
@@ -85,7 +89,11 @@ class HeldOutEvalCallback(TrainerCallback):
         self.history: list[dict] = []
         self.train_seconds = 0.0
         self.budget_points_done = 0
+        self.wall_clock_before = 0.0  # seconds of the earlier segments of a resumed run
+        self.resumed_at_steps: list[int] = []
+        self._segment_started = time.time()
         self._step_started: float | None = None
+        self.first_step = 0
         self.trainer = None  # set by train.py: the generation counters and logging live there
 
     # -- compute spent ----------------------------------------------------------------------------
@@ -104,23 +112,47 @@ class HeldOutEvalCallback(TrainerCallback):
         started = time.time()
         # Same sampling seed at every evaluation: differences between points come from the
         # policy, not from the draw.
-        result = evaluate_accuracy(model, self.tokenizer, self.dataset, seed=self.seed, **self.sample_kwargs)
+        result = evaluate_accuracy(model, self.tokenizer, self.dataset, seed=self.seed, llm=self._colocated_engine(),
+                                   **self.sample_kwargs)
         result.update(step=state.global_step, generated_tokens=self.spent("tokens"),
                       generated_rollouts=self.spent("rollouts"), train_seconds=round(self.train_seconds, 3),
                       seconds=round(time.time() - started, 2), **extra)
         self.history.append(result)
 
+    def _colocated_engine(self):
+        """The trainer's own colocated vLLM engine (None when training does not use one)."""
+        trainer = self.trainer
+        if trainer is None or not getattr(trainer, "use_vllm", False) or trainer.args.vllm_mode != "colocate":
+            return None
+        return trainer.vllm_generation.llm
+
+    def _push_weights_to_engine(self, state) -> None:
+        """Before an evaluation point, on EVERY process: make the colocated engine hold this
+        step's weights. TRL pushes them before a generation round when the step changed; the
+        same check here, so neither pushes twice. Under FSDP / ZeRO-3 pushing gathers the
+        shards, a collective, which is why this runs everywhere and not only where the
+        evaluation runs (the main process)."""
+        trainer = self.trainer
+        if self._colocated_engine() is not None and trainer._last_loaded_step != state.global_step:
+            trainer.vllm_generation.sync_weights()
+            trainer._last_loaded_step = state.global_step
+
     # -- checkpoints ------------------------------------------------------------------------------
+
+    @property
+    def wall_clock_seconds(self) -> float:
+        return self.wall_clock_before + time.time() - self._segment_started
 
     def _ledger(self) -> dict:
         return {"history": self.history, "train_seconds": self.train_seconds,
                 "budget_points_done": self.budget_points_done,
-                "generated_tokens": self.spent("tokens"), "generated_rollouts": self.spent("rollouts")}
+                "generated_tokens": self.spent("tokens"), "generated_rollouts": self.spent("rollouts"),
+                "wall_clock_seconds": self.wall_clock_seconds, "resumed_at_steps": self.resumed_at_steps}
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            (folder / LEDGER_FILE).write_text(json.dumps(self._ledger(), indent=1))
+            write_json(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / LEDGER_FILE,
+                       self._ledger())
 
     def budget_spent_in(self, checkpoint: str) -> bool:
         path = Path(checkpoint) / LEDGER_FILE
@@ -143,6 +175,10 @@ class HeldOutEvalCallback(TrainerCallback):
         self.history = ledger["history"]
         self.train_seconds = ledger["train_seconds"]
         self.budget_points_done = ledger["budget_points_done"]
+        # Ledgers written before the wall clock was recorded: the training seconds are its lower bound.
+        self.wall_clock_before = ledger.get("wall_clock_seconds", self.train_seconds)
+        self.resumed_at_steps = [*ledger.get("resumed_at_steps", []), int(Path(checkpoint).name.rsplit("-", 1)[1])]
+        self._segment_started = time.time()
         if self.trainer is not None:
             self.trainer.generated_tokens = ledger["generated_tokens"]
             self.trainer.generated_rollouts = ledger["generated_rollouts"]
@@ -150,10 +186,14 @@ class HeldOutEvalCallback(TrainerCallback):
     # -- training events ----------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.first_step = state.global_step  # after a resume: the checkpoint's step
+        self._segment_started = time.time()
         if self.resume_from:
             self.restore(self.resume_from)
-        if state.is_world_process_zero and not self.history:
-            self._evaluate(state, model)
+        if not self.history:
+            self._push_weights_to_engine(state)
+            if state.is_world_process_zero:
+                self._evaluate(state, model)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_started = time.perf_counter()
@@ -175,6 +215,7 @@ class HeldOutEvalCallback(TrainerCallback):
         if not evaluate:
             return
         control.should_log = True  # on every process: logging gathers the loss
+        self._push_weights_to_engine(state)
         if state.is_world_process_zero:
             extra = {"budget_point": self.budget_points_done} if self.budget is not None else {}
             self._evaluate(state, model, **extra)
@@ -182,6 +223,7 @@ class HeldOutEvalCallback(TrainerCallback):
                 self.trainer.pending_logs["heldout/accuracy"] = self.history[-1]["accuracy"]
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        self._push_weights_to_engine(state)
         if state.is_world_process_zero:
             self._evaluate(state, model)
 
@@ -253,20 +295,42 @@ class RichProgressCallback(TrainerCallback):
             self.progress = None
 
 
+PROBE_HISTORY_FILE = "probe_history.json"
+
+
 class ProbeReportCallback(TrainerCallback):
     """POISE: at the end of training, `probe_report.json` (online probe metrics per round,
-    probe config, final counters) and `probe_values.png` (predicted vs realized value)."""
+    probe config, final counters) and `probe_values.png` (predicted vs realized value).
+    The per-round history goes into every checkpoint and comes back on resume, so the report
+    of a resumed run covers all of its rounds."""
 
-    def __init__(self, trainer, output_dir: str):
+    def __init__(self, trainer, output_dir: str, resume_from: str | None = None):
         self.trainer = trainer
         self.output_dir = output_dir
+        self.resume_from = resume_from
+        self.report: dict | None = None
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            write_json(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / PROBE_HISTORY_FILE,
+                       {"history": self.trainer.probe_history})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.resume_from:
+            self.restore(self.resume_from)
+
+    def restore(self, checkpoint: str) -> None:
+        path = Path(checkpoint) / PROBE_HISTORY_FILE
+        if path.exists():
+            self.trainer.probe_history = json.loads(path.read_text())["history"]
+        else:
+            warnings.warn(f"{checkpoint} has no {PROBE_HISTORY_FILE}: probe_report.json covers only the rounds after "
+                          "it", stacklevel=2)
 
     def on_train_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
             return
-        from pathlib import Path
-
-        from poise_trl.provenance import package_versions, write_json
+        from poise_trl.provenance import package_versions
 
         history = self.trainer.probe_history
         active = [h for h in history if h.get("probe_active")]
@@ -285,10 +349,22 @@ class ProbeReportCallback(TrainerCallback):
             "trainer_config": args.to_dict(),
             "versions": package_versions(),
         }
+        self.report = report
         out = Path(self.output_dir)
         write_json(out / "probe_report.json", report)
         if active:
             _plot_predicted_vs_realized(report["calibration"], active, out / "probe_values.png")
+
+
+class CheckpointMarkerCallback(TrainerCallback):
+    """Marks a checkpoint complete once everything else is in it (the Trainer's files, the
+    ledger, the probe state): added after every other callback. A checkpoint without the
+    marker was interrupted while it was written, and a rerun resumes from the one before."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            write_checkpoint_marker(folder, state.global_step)
 
 
 def _mean(values: list[float]) -> float | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from poise_trl.callbacks import Budget
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.recipe import RecipeError, load_recipe, read_yaml, split_recipe
+from poise_trl.recipe import RecipeError, differing_settings, load_recipe, read_yaml, split_recipe
 
 SIGNAL_BINS = 10
 # Trainer-log series shown over training: (log key, title). POISE's probe metrics only exist
@@ -195,8 +195,7 @@ def run_status(run: PlannedRun, expected_recipe: dict) -> str:
         made_from, status = read_yaml(recipe_path.read_text()), "resume"
     else:
         return "new"
-    made_from = {k: v for k, v in made_from.items() if k != "resume_from_checkpoint"}
-    differing = sorted(k for k in made_from.keys() | expected_recipe.keys() if made_from.get(k) != expected_recipe.get(k))
+    differing = differing_settings(made_from, expected_recipe)
     if differing:
         raise CompareError(
             f"{run.folder} holds a run made with other settings (differing: {', '.join(differing)}): give another "

@@ -352,51 +352,60 @@ def length_adaptive_lambda(lengths: torch.Tensor, alpha: float = 0.05) -> torch.
 def _disagreement_cut(
     critic_std: torch.Tensor, mask: torch.Tensor, fraction: float, lowest: bool
 ) -> torch.Tensor:
-    """Shared body of the two AsyPPO masks: the lowest or highest `fraction` of valid tokens."""
+    """Shared body of the two AsyPPO masks: the lowest or highest `fraction` of valid tokens, by rank."""
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")
     valid = mask.bool()
-    pool = critic_std[valid]
+    pool = critic_std[valid].float()
     n = pool.numel()
     # The epsilon keeps e.g. 0.29 * 100 = 28.999... from flooring to 28.
     k = math.floor(fraction * n + 1e-9)
-    if k == 0:
-        return torch.zeros_like(valid)
-    if k == n:
-        return valid.clone()
-    # Strict comparison against the (k+1)-th order statistic from the selected end: exactly
-    # k tokens without ties, fewer when a block of equal values straddles the cut.
-    if lowest:
-        threshold = pool.kthvalue(k + 1).values
-        return valid & (critic_std < threshold)
-    threshold = pool.kthvalue(n - k).values
-    return valid & (critic_std > threshold)
+    selected = torch.zeros(n, dtype=torch.bool, device=pool.device)
+    if k > 0:
+        # Rank, not threshold: a block of tied values straddling the cut would otherwise be left out
+        # whole (bf16 critic values tie often). A stable sort breaks ties by token order (row-major).
+        order = torch.sort(pool, descending=not lowest, stable=True).indices
+        selected[order[:k]] = True
+    out = torch.zeros_like(valid)
+    out[valid] = selected
+    return out
 
 
 def low_disagreement_mask(critic_std: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
-    """True on valid tokens whose critic std is in the lowest `fraction` of the batch's valid tokens.
+    """True on exactly floor(fraction * n_valid) valid tokens: those of lowest critic std in the batch.
 
     seed 001, "Advantage masking based on value agreement": I^A_t = 0 when sigma_t is in
     Low_k(sigma) over the whole batch, i.e. multiply advantages by ~this_mask (the ablation's
-    best fraction is 20%). Selects at most floor(fraction * n_valid) tokens. Ties: a token is selected
-    only if its std is STRICTLY below the (k+1)-th smallest valid std, so tied values at the
-    threshold are all left out together (never over-selecting; an all-equal batch masks
-    nothing unless fraction = 1). Padding is never selected.
+    best fraction is 20%). Low_k is a rank selection: tokens tied at the cut are taken in
+    token order (row-major over the (B, T) tensor) until k are selected, so bf16-quantised
+    stds still mask k tokens. Padding is never selected.
     """
     return _disagreement_cut(critic_std, mask, fraction, lowest=True)
 
 
 def high_disagreement_mask(critic_std: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
-    """True on valid tokens whose critic std is in the top `fraction` of the batch's valid tokens.
+    """True on exactly floor(fraction * n_valid) valid tokens: those of highest critic std in the batch.
 
     seed 001, "Entropy filtering based on value divergence": I^H_t = 0 when sigma_t is in
     the top h% (the ablation's best is 20%), i.e. drop these tokens from the entropy bonus.
-    Selects at most floor(fraction * n_valid) tokens. Ties: a token is selected only if its
-    std is STRICTLY above the (k+1)-th largest valid std, so tied values at the threshold
-    are all left out together (over-filtering leads to entropy collapse per the ablation).
+    Top_h is a rank selection with ties taken in token order, as in `low_disagreement_mask`.
     Padding is never selected.
     """
     return _disagreement_cut(critic_std, mask, fraction, lowest=False)
+
+
+def filtered_entropy_bonus(entropies: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """AsyPPO's entropy term per response, (B,): (1/|o|) sum_t I^H_t H_t; seed 001, Eq. J_PPO.
+
+    The term sits inside J_PPO's per-response mean (1/|o|) sum_{t=1}^{|o|}, so the
+    normaliser is the response's full length |o| (every valid token), not the number of
+    tokens the filter keeps: filtering a token removes its entropy from the sum and does not
+    re-weight the others. `keep` is I^H (1 = in the bonus). A row with no valid token gives 0.
+    The caller averages over responses, as J_PPO's expectation over o does.
+    """
+    valid = mask.bool()
+    kept = torch.where(valid & keep.bool(), entropies, torch.zeros_like(entropies))
+    return kept.sum(dim=1) / valid.sum(dim=1).clamp(min=1).to(kept.dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -427,6 +436,17 @@ def overlong_penalty(
     return ramp.clamp(min=-penalty, max=0.0)
 
 
+def dapo_keep_groups(correct: torch.Tensor, group_size: int) -> torch.Tensor:
+    """DAPO dynamic sampling's filter, (B,) correctness -> (B // G,) bool: keep when 0 < #correct < G.
+
+    DAPO (Yu et al. 2025, arXiv:2503.14476), Eq. (11): 0 < |{o_i | is_equivalent(a, o_i)}| < G.
+    Counted on correctness, not on the shaped reward: a group that is all right (or all wrong)
+    but whose lengths draw different overlong penalties is dropped, as in the paper.
+    """
+    grouped = _grouped(correct.bool(), group_size).sum(dim=1)
+    return (grouped > 0) & (grouped < group_size)
+
+
 # ---------------------------------------------------------------------------------------
 # Critics: data division and fit (seeds 001, 003)
 # ---------------------------------------------------------------------------------------
@@ -455,6 +475,42 @@ def critic_group_assignment(batch_size: int, group_size: int, num_critics: int) 
     return within_group.repeat(batch_size // group_size)
 
 
+def aggregate_critic_values(values: torch.Tensor, aggregation: str = "mean") -> torch.Tensor:
+    """V-bar from M critics' values (M, B, T): their mean (seed 001, A-bar) or their min.
+
+    seed 001's ablation "价值聚合" finds the mean better than the min.
+    """
+    if aggregation == "mean":
+        return values.mean(0)
+    if aggregation == "min":
+        return values.min(0).values
+    raise ValueError(f"aggregation must be 'mean' or 'min', got {aggregation!r}")
+
+
+def cross_fit_values(values: torch.Tensor, assignment: torch.Tensor, aggregation: str = "mean") -> torch.Tensor:
+    """Each row's V-bar from the critics that did NOT train on it, (M, B, T) -> (B, T).
+
+    After the critics are fitted on a round (seed 001's order: update, then V-bar), critic
+    m has seen the returns of the rows with `assignment == m` (`critic_group_assignment`),
+    so its value on those rows partly repeats their own outcome and would shrink their
+    advantage. The other critics were fitted on the same prompts' OTHER responses: their value
+    on row i carries what those siblings showed about the prompt, and does not depend on
+    row i's own return, which keeps the baseline's term unbiased (the cross-rollout
+    argument of seed 000, Sec. 3.2, Eq. (6)). Needs M >= 2.
+    """
+    num_critics = values.shape[0]
+    if num_critics < 2:
+        raise ValueError(f"cross-fitting needs at least 2 critics, got {num_critics}")
+    own = torch.nn.functional.one_hot(assignment.long(), num_critics).T.bool()  # (M, B)
+    own = own.view(num_critics, -1, *([1] * (values.dim() - 2))).expand_as(values)
+    if aggregation == "mean":
+        others = torch.where(own, torch.zeros_like(values), values)
+        return others.sum(0) / (num_critics - 1)
+    if aggregation == "min":
+        return torch.where(own, torch.full_like(values, float("inf")), values).min(0).values
+    raise ValueError(f"aggregation must be 'mean' or 'min', got {aggregation!r}")
+
+
 def explained_variance(values: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var(targets - values) / Var(targets) over the valid positions.
 
@@ -469,6 +525,20 @@ def explained_variance(values: torch.Tensor, targets: torch.Tensor, mask: torch.
     if target_var == 0:
         return float("nan")
     return float(1.0 - (targets - values).var(unbiased=False) / target_var)
+
+
+def sign_agreement(advantages: torch.Tensor, reference: torch.Tensor, mask: torch.Tensor) -> float:
+    """Share of valid positions where sign(advantages) == sign(reference), among those where both are non-zero.
+
+    A critic diagnostic: `reference` is the Monte-Carlo advantage r_i - mean_group(r)
+    (`group_mean_advantages`) broadcast over each response's tokens; a critic-based A_t that
+    pushes a token the other way from its response's group-relative outcome disagrees.
+    nan when no position has both non-zero.
+    """
+    both = mask.bool() & (advantages != 0) & (reference != 0)
+    if not bool(both.any()):
+        return float("nan")
+    return float((torch.sign(advantages[both]) == torch.sign(reference[both])).double().mean())
 
 
 # ---------------------------------------------------------------------------------------

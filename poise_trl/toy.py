@@ -110,9 +110,11 @@ def build_tiny_model(
     batch_size: int = 32,
     eval_samples: int = 4,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> dict:
     """Build tokenizer + model, supervise on worked solutions, measure sampled accuracy on the
-    held-out set, and save everything (safetensors) with a model card. Returns the card data."""
+    held-out set, and save everything (safetensors) with a model card. Returns the card data.
+    A model already in `output_dir` (the bundled one, by default) is kept unless `overwrite`."""
     from trl import SFTConfig, SFTTrainer
 
     from poise_trl.data import load_prompt_dataset
@@ -120,6 +122,10 @@ def build_tiny_model(
     from poise_trl.provenance import package_versions
 
     output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"{output_dir} is a file: give a folder with --output-dir")
+    if not overwrite and any(output_dir.glob("*.safetensors")):
+        raise ValueError(f"{output_dir} already holds a model: give --overwrite to replace it, or another --output-dir")
     scratch = tempfile.TemporaryDirectory(prefix="poise-toy-sft-")
     started = time.time()
     random.seed(seed)

@@ -3,17 +3,38 @@
 from __future__ import annotations
 
 import dataclasses
-import time
+import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import yaml
 
-from poise_trl.callbacks import Budget, HeldOutEvalCallback, ProbeReportCallback, RichProgressCallback
+from poise_trl.callbacks import (
+    Budget,
+    CheckpointMarkerCallback,
+    HeldOutEvalCallback,
+    ProbeReportCallback,
+    RichProgressCallback,
+)
 from poise_trl.data import load_prompt_dataset
-from poise_trl.generation import is_tiny_on_cpu, one_cpu_thread, require_chat_template
+from poise_trl.generation import (
+    is_tiny_on_cpu,
+    require_chat_template,
+    resolve_engine,
+    training_generation_record,
+)
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.recipe import RecipeError, RunSettings, split_recipe
+from poise_trl.recipe import (
+    RecipeError,
+    RunFolder,
+    RunSettings,
+    check_model_files,
+    checkpoint_problem,
+    inspect_run_folder,
+    split_recipe,
+)
 from poise_trl.rewards import get_reward_functions
 from poise_trl.trainers import get_algorithm
 
@@ -31,6 +52,13 @@ def resolve_model_path(model: str) -> str:
 def load_tokenizer(model: str):
     from transformers import AutoTokenizer
 
+    check_model_files(model)
+    if not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
+        from poise_trl.hub import hub_unreachable
+
+        if reason := hub_unreachable():
+            raise RecipeError(f"model {model!r} is not a local folder and the Hugging Face Hub is unreachable here "
+                              f"({reason}): give a local model folder, or set HF_HUB_OFFLINE=1 to use the hub cache")
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)
     except OSError as exc:
@@ -91,32 +119,60 @@ def build_peft_config(peft: dict | None):
         raise RecipeError(f"invalid peft settings {peft}: {exc}") from None
 
 
-def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress: bool = True) -> dict:
-    """Run one recipe to completion; returns (and writes) the summary."""
+def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress: bool = True,
+                      overwrite: bool = False, log=print) -> dict:
+    """Run one recipe to completion; returns (and writes) the summary.
+
+    Recipe, model, data and output folder are checked before anything is written. An output
+    folder holding an unfinished run of the same recipe resumes from its newest complete
+    checkpoint; a finished one is left untouched and its summary returned (with
+    `already_finished: True`, not written); one holding another run is refused unless
+    `overwrite`. `log` gets the one-line notes (resuming, finished, skipped checkpoints)."""
     algo_name = recipe.get("algo", "grpo")
     settings, config_kwargs = split_recipe(recipe, get_algorithm(algo_name).config_class)
     args = build_config(algo_name, config_kwargs, output_dir)
+    from poise_trl.plan import check_memory_plan
+
+    check_memory_plan(recipe)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
     if settings.push_to_hub and not args.hub_model_id:
         raise RecipeError("push_to_hub needs the repository to push to: set hub_model_id: <user>/<name>")
+    if args.use_vllm:
+        resolve_engine("vllm")  # one line when vLLM is missing or broken, before any model loads
     model_path = resolve_model_path(settings.model)
     tokenizer = load_tokenizer(model_path)
     train_set, eval_set = load_datasets(settings, seed=args.seed)
     algo = get_algorithm(algo_name)
+    budget = budget_from(settings)
+    reward_funcs = get_reward_functions(settings.rewards)
+    peft_config = build_peft_config(settings.peft)
 
-    resume_from = resolve_resume_checkpoint(args)
+    folder = plan_output_dir(args, recipe, overwrite)
+    out = folder.path
+    for warning in folder.warnings:
+        log(f"warning: {warning}")
+    if folder.state == "finished":
+        done = folder.summary
+        log(f"{out} holds this run, finished ({done.get('steps')} steps, held-out accuracy "
+            f"{_fmt(done.get('start_heldout_accuracy'))} -> {_fmt(done.get('final_heldout_accuracy'))}): left untouched; "
+            "give --overwrite to train it again")
+        return {**done, "already_finished": True}
+    resume_from = str(folder.checkpoint) if folder.checkpoint else None
+    if resume_from:
+        check_model_files(resume_from)
+        log(f"resuming from {folder.checkpoint.name} (step {folder.step} of {args.max_steps})")
     eval_callback = HeldOutEvalCallback(
         eval_set, tokenizer, every=settings.eval_every, num_samples=settings.eval_num_samples,
         temperature=settings.eval_temperature, max_new_tokens=settings.eval_max_new_tokens,
-        batch_size=settings.eval_batch_size, seed=args.seed, budget=budget_from(settings), resume_from=resume_from,
+        batch_size=settings.eval_batch_size, seed=args.seed, budget=budget, resume_from=resume_from,
     )
     callbacks = [eval_callback] + ([RichProgressCallback(eval_callback)] if show_progress else [])
     trainer = algo.trainer_class(
         model=model_path,
-        reward_funcs=get_reward_functions(settings.rewards),
+        reward_funcs=reward_funcs,
         args=args,
         train_dataset=train_set,
         processing_class=tokenizer,
-        peft_config=build_peft_config(settings.peft),
+        peft_config=peft_config,
         callbacks=callbacks,
     )
     eval_callback.trainer = trainer
@@ -124,13 +180,18 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         from transformers.trainer_callback import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # the live display replaces the raw log dicts
+    probe_report = None
     if hasattr(trainer, "probe_history"):
-        trainer.add_callback(ProbeReportCallback(trainer, args.output_dir))
+        probe_report = ProbeReportCallback(trainer, args.output_dir, resume_from=resume_from)
+        trainer.add_callback(probe_report)
+    trainer.add_callback(CheckpointMarkerCallback())  # last: it marks a checkpoint complete
 
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    started = time.time()
+    if trainer.accelerator.is_main_process:
+        if folder.clear:  # only now: a setting the trainer rejects leaves the old run in place
+            clear_run_folder(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / "recipe.yaml", yaml.safe_dump(recipe, sort_keys=False))
+    threads = None  # the torch threads training ran with
     if resume_from and eval_callback.budget_spent_in(resume_from):
         # Nothing is left to train, and Trainer would still take a step: finish from the checkpoint.
         from transformers.trainer_callback import TrainerState
@@ -138,10 +199,12 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         trainer._load_from_checkpoint(resume_from)
         trainer.state = TrainerState.load_from_json(str(Path(resume_from) / "trainer_state.json"))
         eval_callback.restore(resume_from)
+        if probe_report is not None:
+            probe_report.restore(resume_from)
+            probe_report.on_train_end(args, trainer.state, trainer.control)  # the report a kill may have cut off
     else:
-        with one_cpu_thread(is_tiny_on_cpu(trainer.model)):
+        with training_threads(trainer.model) as threads:
             trainer.train(resume_from_checkpoint=resume_from)
-    seconds = time.time() - started
     trainer.save_model(str(out / "final"))
 
     history = eval_callback.history
@@ -150,7 +213,8 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         "model": settings.model,
         "dataset": settings.dataset,
         "steps": trainer.state.global_step,
-        "wall_clock_seconds": round(seconds, 1),
+        "wall_clock_seconds": round(eval_callback.wall_clock_seconds, 1),  # every segment of a resumed run
+        "resumed_at_steps": eval_callback.resumed_at_steps,
         "train_seconds": round(eval_callback.train_seconds, 3),
         "start_heldout_accuracy": history[0]["accuracy"] if history else None,
         "final_heldout_accuracy": history[-1]["accuracy"] if history else None,
@@ -164,15 +228,81 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         "recipe": recipe,
         "run_settings": dataclasses.asdict(settings),
         "trainer_config": args.to_dict(),
+        "torch_threads": threads,
+        "generation": training_generation_record(
+            args, trainer.policy_forward_passes, trainer.state.global_step - eval_callback.first_step
+        ),
         "versions": package_versions(),
     }
+    if probe_report is not None and probe_report.report is not None:
+        summary["probe"] = {k: probe_report.report[k] for k in ("rounds", "probe_active_rounds",
+                                                                  "online_mean_after_bootstrap")}
     if trainer.accelerator.is_main_process:
-        write_json(out / "summary.json", summary)
+        from poise_trl.hub import build_model_card
+
+        write_text(out / "final" / "README.md", build_model_card(recipe, summary))
+        write_json(out / "summary.json", summary)  # last: its presence marks the run finished
         if settings.push_to_hub:
             from poise_trl.hub import push_final_model
 
             push_final_model(out / "final", args.hub_model_id, recipe, summary)
     return summary
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write then rename: an interrupted write never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+@contextmanager
+def training_threads(model):
+    """One torch thread for a tiny model on CPU, whatever OMP_NUM_THREADS says: the summed order
+    inside a matmul depends on the thread count, so the same seed gave different runs with
+    different thread settings. Larger models keep the machine's setting (recorded in the summary)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if is_tiny_on_cpu(model):
+        torch.set_num_threads(1)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def plan_output_dir(args, recipe: dict, overwrite: bool) -> RunFolder:
+    """`inspect_run_folder` with TRL's `resume_from_checkpoint` (true: the newest complete
+    checkpoint must exist; a folder: that checkpoint; false: never resume)."""
+    resume = args.resume_from_checkpoint
+    explicit = None
+    if resume not in (None, False, "", "false", "False", True, "true", "True"):
+        if not Path(resume).is_dir():
+            raise RecipeError(f"resume_from_checkpoint: {resume} is not a folder (give a checkpoint-N folder, or true)")
+        problem = checkpoint_problem(Path(resume))
+        if problem not in (None, "incomplete"):  # no marker: a checkpoint from before markers, or the user's own
+            raise RecipeError(f"resume_from_checkpoint: {resume} is damaged: {problem}")
+        explicit = str(resume)
+    folder = inspect_run_folder(args.output_dir, recipe, overwrite=overwrite, explicit=explicit)
+    if resume in (True, "true", "True") and folder.state == "new":
+        raise RecipeError(f"resume_from_checkpoint: true, but {args.output_dir} holds no checkpoint to resume from (no complete checkpoint-N folder)")
+    if resume in (False, "false", "False") and folder.state == "resume":
+        raise RecipeError(f"resume_from_checkpoint: false, but {args.output_dir} holds this run's checkpoints: drop "
+                          "the key to resume it, or give --overwrite to start over")
+    return folder
+
+
+def clear_run_folder(path: Path) -> None:
+    """--overwrite: the old run's files go (only files poise train writes; inspect_run_folder
+    refused folders with others). Renamed first, so the folder never mixes two runs."""
+    doomed = path.with_name(f".{path.name}.overwritten-{os.getpid()}")
+    path.rename(doomed)
+    shutil.rmtree(doomed)
 
 
 def budget_from(settings: RunSettings) -> Budget | None:
@@ -187,24 +317,27 @@ def budget_from(settings: RunSettings) -> Budget | None:
         raise RecipeError(f"invalid budget: {exc}") from None
 
 
-def resolve_resume_checkpoint(args) -> str | None:
-    """TRL's `resume_from_checkpoint`: a folder, or true for the newest checkpoint in output_dir."""
-    resume = args.resume_from_checkpoint
-    if resume in (None, False, "", "false", "False"):
-        return None
-    if resume in (True, "true", "True"):
-        from transformers.trainer_utils import get_last_checkpoint
+def require_hub_if_needed(source: str, split: str | None) -> None:
+    """A hub dataset with no network fails here in about a second, with one line. With
+    HF_HUB_OFFLINE=1, `datasets` reads its local cache (or fails at once) by itself."""
+    from poise_trl.data import DATASETS, DatasetUnavailableError
+    from poise_trl.hub import hub_unreachable
 
-        last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
-        if last is None:
-            raise RecipeError(f"resume_from_checkpoint: true, but {args.output_dir} holds no checkpoint-N folder")
-        return last
-    if not Path(resume).is_dir():
-        raise RecipeError(f"resume_from_checkpoint: {resume} is not a folder (give a checkpoint-N folder, or true)")
-    return str(resume)
+    spec = DATASETS.get(source)
+    on_hub = spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists()
+    if not on_hub or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        return
+    reason = hub_unreachable()
+    if reason:
+        raise DatasetUnavailableError(
+            f"dataset {source!r} comes from the Hugging Face Hub, which is unreachable here ({reason}): give a local "
+            "copy (a .jsonl/.parquet/.csv file or folder) as `dataset`, or set HF_HUB_OFFLINE=1 to use the hub cache")
 
 
 def load_datasets(settings: RunSettings, seed: int):
+    require_hub_if_needed(settings.dataset, settings.dataset_split)
+    if settings.eval_dataset:
+        require_hub_if_needed(settings.eval_dataset, settings.eval_split)
     columns = settings.dataset_columns
     common = dict(columns=columns, prompt_suffix=settings.prompt_suffix, system_prompt=settings.system_prompt)
     train_kwargs = dict(split=settings.dataset_split, seed=seed, **common)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -43,7 +45,7 @@ def logged(trainer, key):
 
 
 def test_two_step_asyppo_run(tmp_path, tiny_random_model_dir):
-    trainer = make_trainer(tiny_random_model_dir, tmp_path / "run", reward_funcs=[parity])
+    trainer = make_trainer(tiny_random_model_dir, tmp_path / "run", reward_funcs=[parity], critic_values="cross_fit")
     seen = []
     compute = trainer.compute_advantages
 
@@ -65,7 +67,16 @@ def test_two_step_asyppo_run(tmp_path, tiny_random_model_dir):
     for key in ("critic/value_loss", "critic/explained_variance", "critic/std_p50", "asyppo/adv_masked_fraction",
                 "asyppo/entropy_filtered_fraction", "asyppo/entropy_kept", "entropy"):
         assert logged(trainer, key), key
-    assert all(0.15 <= f <= 0.2 for f in logged(trainer, "asyppo/adv_masked_fraction"))
+    # rank selection: floor(0.2 * n) tokens, ties or not
+    assert all(0.19 <= f <= 0.2 for f in logged(trainer, "asyppo/adv_masked_fraction"))
+    for key in ("critic/explained_variance_prior", "critic/mc_sign_agreement", "advantages/raw_std"):
+        assert logged(trainer, key), key
+    # the critic report: one record per round, out-of-sample and used values, a plot
+    report = json.loads((tmp_path / "run" / "critic_report.json").read_text())
+    assert report["rounds"] == 2 and len(report["per_round"]) == 2
+    assert {"explained_variance", "explained_variance_prior", "mc_sign_agreement"} <= set(report["per_round"][0])
+    assert sum(b["count"] for b in report["calibration_used"]) == 16  # V(s_0) of 8 rows x 2 rounds
+    assert (tmp_path / "run" / "critic_values.png").stat().st_size > 0
 
 
 def test_registry_defaults_give_asyppo_ppo_and_vapo(tmp_path):
@@ -86,6 +97,10 @@ def test_registry_defaults_give_asyppo_ppo_and_vapo(tmp_path):
         config("asyppo", num_generations=6, per_device_train_batch_size=6, num_critics=4)
     with pytest.raises(RecipeError, match="critic_aggregation"):
         config("asyppo", critic_aggregation="max")
+    with pytest.raises(RecipeError, match="OTHER critics"):
+        config("ppo", critic_values="cross_fit")
+    with pytest.raises(RecipeError, match="critic_values"):
+        config("asyppo", critic_values="latest")
 
 
 def test_value_warmup_freezes_the_actor_and_positive_lm_loss(tmp_path, tiny_random_model_dir):

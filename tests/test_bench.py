@@ -14,8 +14,16 @@ from helpers import assert_one_line_error
 from poise_trl.cli.bench import bench as bench_command
 from typer.testing import CliRunner
 
-from poise_trl import bench
+from poise_trl import bench, generation
 from poise_trl.generation import Sample
+
+
+@pytest.fixture(autouse=True)
+def transformers_engine(monkeypatch):
+    """Generate with transformers even where vLLM is installed: its CPU build has no attention kernel for
+    the tiny test model's 8-wide heads, and the fake samplers below stand in for transformers'."""
+    monkeypatch.setattr(generation, "vllm_import_error", lambda: "vLLM is switched off in these tests")
+
 
 PROBLEMS = [("What is 3 plus 4?", "7"), ("Add 12 and 30.", "42"), ("What is 5 plus 9?", "14")]
 
@@ -162,7 +170,7 @@ def test_resume_after_crash_loses_nothing_and_duplicates_nothing(tmp_path, toy_f
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(out, tiny_random_model_dir, toy_file)
-    monkeypatch.undo()
+    monkeypatch.setattr(bench, "sample_transformers", real_sampler)
 
     samples = out / "toy-arith" / "samples.jsonl"
     lines = samples.read_text().splitlines()
@@ -268,3 +276,177 @@ def test_compare_two_folders(tmp_path):
     assert "+0.100" in output and "yes" in output and "temperature 0.6 vs 1.0" in output
     assert_one_line_error(*cli("--compare", a), "two result folders")
     assert_one_line_error(*cli("--compare", a, tmp_path), "summary.json not found")
+
+
+# ------------------------------------------------------------------------------------------ any dataset
+
+
+GSM8K_ROWS = [  # openai/grade-school-math's test.jsonl layout: the gold is the number after ####
+    {"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+     "answer": "48/2 = <<48/2=24>>24\n48+24 = <<48+24=72>>72\n#### 72"},
+    {"question": "Weng earns $12 an hour. How much for 50 minutes of babysitting?",
+     "answer": "12/60 = $<<12/60=0.2>>0.2\n0.2 x 50 = $<<0.2*50=10>>10\n#### 10"},
+]
+
+
+def test_unregistered_name_with_data_file(tmp_path, tiny_random_model_dir, monkeypatch):
+    """`poise bench gsm8k-local --data-file F --answer-column answer` on a GSM8K-format file."""
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in GSM8K_ROWS))
+    texts = iter(["so \\boxed{72}", "\\boxed{70}", "\\boxed{10}", "10 dollars, \\boxed{10}"])
+
+    def fake_sampler(model, tokenizer, prompts, num_samples, on_batch, prompt_indices, **kwargs):
+        batch = [Sample(prompt_indices[0], next(texts), 3, False) for _ in range(num_samples)]
+        on_batch(batch)
+        return batch
+
+    monkeypatch.setattr(bench, "sample_transformers", fake_sampler)
+    out = tmp_path / "out"
+    result, output = cli("gsm8k-local", "--data-file", path, "--answer-column", "answer", "--model",
+                         tiny_random_model_dir, "--n", 2, "-o", out, "--no-progress")
+    assert result.exit_code == 0, output
+    summary = json.loads((out / "summary.json").read_text())
+    entry = summary["benchmarks"]["gsm8k-local"]
+    assert entry["settings"]["columns"] == {"answer": "answer"} and entry["settings"]["data_source"] == str(path)
+    assert entry["metrics"]["scores"]["avg"]["value"] == 0.75
+    assert [r["correct"] for r in read_records(out / "gsm8k-local" / "samples.jsonl")] == [True, False, True, True]
+
+
+def test_paths_names_split_and_limit(tmp_path, tiny_random_model_dir):
+    folder = tmp_path / "mybench"
+    folder.mkdir()
+    rows = [{"Problem": f"What is {i} plus 1?", "Answer": str(i + 1)} for i in range(5)]
+    (folder / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "train.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    out = tmp_path / "out"
+    common = ("--model", tiny_random_model_dir, "--n", 1, "--max-new-tokens", 2, "-o", out, "--no-progress")
+    result, output = cli(folder, "--split", "test", "--limit", 3, *common)
+    assert result.exit_code == 0, output
+    settings = json.loads((out / "mybench" / "settings.json").read_text())  # a folder is named after itself
+    assert settings["num_problems"] == 3 and settings["split"] == "test" and settings["limit"] == 3
+    result, output = cli(folder / "test.jsonl", "--name", "renamed", *common)
+    assert result.exit_code == 0, output
+    assert json.loads((out / "renamed" / "settings.json").read_text())["num_problems"] == 5
+    assert_one_line_error(*cli(folder, *common), "pass the split")
+    assert_one_line_error(*cli(folder / "test.jsonl", "toy-arith", "--name", "x", *common), "--name names one")
+    assert_one_line_error(*cli(tmp_path / "nope.jsonl", *common), "no such file")
+    assert_one_line_error(*cli("poise-trl-tests/not-cached", *common),  # offline: hub ids cannot load
+                          "pass its file or folder instead of poise-trl-tests/not-cached")
+    assert_one_line_error(*cli(folder / "test.jsonl", "--answer-column", "gold", *common),
+                          "bad column mapping 'answer': 'gold'")
+
+
+def test_data_file_forms(tmp_path, toy_file):
+    from poise_trl.cli.bench import _data_files
+
+    assert _data_files([f"toy-arith={toy_file}"], ["aime25", "toy-arith"], None) == {"toy-arith": str(toy_file)}
+    assert _data_files([str(toy_file)], ["toy-arith"], None) == {"toy-arith": str(toy_file)}
+    assert _data_files([f"amc24={toy_file}"], [], "poise") == {"amc24": str(toy_file)}
+    with pytest.raises(bench.BenchError, match="NAME=FILE"):
+        _data_files([f"amc24={toy_file}", str(toy_file)], ["amc24", "aime25"], None)
+
+
+# --------------------------------------------------------------------------------------------- preset
+
+
+def test_preset_poise_is_the_paper_protocol(tmp_path, tiny_random_model_dir, monkeypatch, toy_file):
+    fixed = bench.PRESETS["poise"]
+    assert fixed.benchmarks == ("amc23", "amc24", "aime24", "aime25", "aime26", "hmmt25", "brumo25")
+    assert (fixed.num_samples, fixed.temperature, fixed.top_p) == (32, 0.6, 0.95)
+    names, sampling = bench.resolve_preset("poise", [], num_samples=None, temperature=0.6, top_p=None,
+                                           max_new_tokens=None)
+    assert names == list(fixed.benchmarks) and sampling["num_samples"] == 32 and sampling["max_new_tokens"] == 8192
+    with pytest.raises(bench.BenchError, match="--preset poise fixes --temperature 0.6; drop --temperature 1.0"):
+        bench.resolve_preset("poise", [], num_samples=None, temperature=1.0, top_p=None, max_new_tokens=None)
+
+    calls = []
+
+    def fake_sampler(model, tokenizer, prompts, num_samples, on_batch, prompt_indices, **kwargs):
+        calls.append(kwargs)
+        batch = [Sample(prompt_indices[0], "\\boxed{7}", 3, False) for _ in range(num_samples)]
+        on_batch(batch)
+        return batch
+
+    monkeypatch.setattr(bench, "sample_transformers", fake_sampler)
+    out = tmp_path / "out"
+    files = [a for name in fixed.benchmarks for a in ("--data-file", f"{name}={toy_file}")]
+    result, output = cli("--preset", "poise", "--model", tiny_random_model_dir, *files, "-o", out, "--no-progress")
+    assert result.exit_code == 0, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["benchmarks"]) == list(fixed.benchmarks)
+    assert {(c["temperature"], c["top_p"], c["max_new_tokens"]) for c in calls} == {(0.6, 0.95, 8192)}
+    assert all(e["metrics"]["num_samples"] == 32 for e in summary["benchmarks"].values())
+    assert_one_line_error(*cli("--preset", "poise", "--model", tiny_random_model_dir, "-o", out),
+                          "amc24 has no verified hub copy registered: give a local copy with --data-file amc24=FILE")
+
+
+# -------------------------------------------------------------------------------------------- exports
+
+
+def _finished_summary(tmp_path, tiny_random_model_dir, toy_file, monkeypatch) -> dict:
+    def fake_sampler(model, tokenizer, prompts, num_samples, on_batch, prompt_indices, **kwargs):
+        batch = [Sample(prompt_indices[0], f"\\boxed{{{7 if j == 0 else 0}}}", 3, False) for j in range(num_samples)]
+        on_batch(batch)
+        return batch
+
+    monkeypatch.setattr(bench, "sample_transformers", fake_sampler)
+    return run(tmp_path / "out", tiny_random_model_dir, toy_file, num_samples=2, batch_size=2)
+
+
+def test_evalscope_report_follows_its_schema(tmp_path, tiny_random_model_dir, toy_file, monkeypatch):
+    """The documented EvalScope report layout (evalscope/report/report.py: Report -> Metric -> Category ->
+    Subset, written to reports/<model>/<dataset>.json): checked field by field here; the next test reads it
+    with EvalScope itself where it is installed."""
+    summary = _finished_summary(tmp_path, tiny_random_model_dir, toy_file, monkeypatch)
+    path = tmp_path / "out" / "reports" / bench.model_id(summary["model"]) / "toy-arith.json"
+    report = json.loads(path.read_text())
+    assert {"name", "dataset_name", "model_name", "score", "metrics", "analysis"} <= set(report)
+    assert report["dataset_name"] == "toy-arith" and report["model_name"] == Path(tiny_random_model_dir).name
+    avg = summary["benchmarks"]["toy-arith"]["metrics"]["scores"]["avg"]["value"]
+    assert avg == pytest.approx(1 / 6) and report["score"] == avg  # "7" is right for 1 of 3 problems, 1 of 2 samples
+    assert [m["name"] for m in report["metrics"]] == ["mean_acc", "maj@2", "pass@2"]
+    for metric in report["metrics"]:
+        assert set(metric) == {"name", "num", "score", "macro_score", "categories"} and metric["num"] == 3
+        (category,) = metric["categories"]
+        assert isinstance(category["name"], list) and category["num"] == 3
+        (subset,) = category["subsets"]
+        assert set(subset) == {"name", "score", "num"} and subset["score"] == metric["score"]
+
+
+def test_evalscope_reads_the_report(tmp_path, tiny_random_model_dir, toy_file, monkeypatch):
+    report_module = pytest.importorskip("evalscope.report.report", reason="EvalScope is not installed")
+    combinator = pytest.importorskip("evalscope.report.combinator")
+    summary = _finished_summary(tmp_path, tiny_random_model_dir, toy_file, monkeypatch)
+    folder = tmp_path / "out" / "reports" / bench.model_id(summary["model"])
+    report = report_module.Report.from_json(str(folder / "toy-arith.json"))
+    assert report.dataset_name == "toy-arith"
+    assert report.metrics[0].score == pytest.approx(round(1 / 6, 4))
+    (listed,) = combinator.get_report_list([str(folder)])  # what `evalscope app` runs on a reports folder
+    assert listed.model_name == Path(tiny_random_model_dir).name
+
+
+def test_model_index_round_trips_through_huggingface_hub(tmp_path, tiny_random_model_dir, toy_file, monkeypatch):
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from poise_trl.hub import HubPushError, push_bench_results
+
+    summary = _finished_summary(tmp_path, tiny_random_model_dir, toy_file, monkeypatch)
+    results = bench.eval_results(summary)
+    card = ModelCard(f"---\n{ModelCardData(model_name='tiny', eval_results=results).to_yaml()}\n---\n# tiny\n")
+    parsed = ModelCard(str(card)).data.eval_results  # the hub's own model-index parser
+    assert [(r.dataset_name, r.metric_name, r.metric_value) for r in parsed] == [
+        ("toy-arith", "Avg@2", round(1 / 6, 4)), ("toy-arith", "maj@2", round(1 / 3, 4)),
+        ("toy-arith", "pass@2", round(1 / 3, 4)),
+    ]
+    assert parsed[0].metric_args["temperature"] == 1.0
+
+    updates = []
+    push_bench_results("me/tiny", results, "tiny", update=lambda *a, **k: updates.append((a, k)))
+    ((repo, metadata), kwargs), = updates
+    assert repo == "me/tiny" and kwargs["overwrite"] and metadata["model-index"][0]["name"] == "tiny"
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    with pytest.raises(HubPushError, match="summary.json"):
+        push_bench_results("me/tiny", results, "tiny", update=offline)

@@ -10,13 +10,13 @@ import pytest
 import torch
 from helpers import run_two_cpu_ranks
 
+from poise_trl import estimators
 from poise_trl.recipe import split_recipe
 from poise_trl.train import build_config, load_datasets, load_tokenizer
 from poise_trl.trainers.dapo import (
     DAPO_STATE_FILE,
     DAPOConfig,
     DAPOTrainer,
-    informative_groups,
     merge_batches,
     needs_another_round,
     select_groups,
@@ -27,34 +27,40 @@ from poise_trl.trainers.dapo import (
 # ---------------------------------------------------------------------------------------
 
 
-def test_informative_groups():
-    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, -0.2, 0.0])
-    assert informative_groups(rewards, 2).tolist() == [False, True, False, True]
-    assert informative_groups(rewards, 4).tolist() == [True, True]
+def test_the_filter_counts_correctness_not_the_shaped_reward():
+    # 3 groups of 4 with DAPO's overlong penalty on some lengths (L_max 20, L_cache 10).
+    correct = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0], dtype=torch.bool)
+    lengths = torch.tensor([5, 12, 5, 5, 15, 5, 5, 20, 5, 5, 5, 5])
+    shaped = correct.float() + estimators.overlong_penalty(lengths, 20, 10)
+    # shaped: [1, .8, 1, 1, -.5, 0, 0, -1, 1, 0, 0, 0]: every group has spread
+    torch.testing.assert_close(shaped, torch.tensor([1, .8, 1, 1, -.5, 0, 0, -1, 1, 0, 0, 0]))
+    # Eq. (11): 0 < #correct < 4 only for the third group (1 of 4 correct)
+    assert estimators.dapo_keep_groups(correct, 4).tolist() == [False, False, True]
 
 
-def test_select_groups_takes_the_first_informative_ones():
-    assert select_groups([False, True, True, False, True], target=2) == [1, 2]
-    # cap hit with 1 informative group of 3 wanted: repeat it, or keep zero-variance groups
-    assert select_groups([False, True, False, False], target=3) == [1, 1, 1]
-    assert select_groups([False, True, False, True], target=3) == [1, 3, 1]
-    assert select_groups([False, True, False, False], target=3, fill="zero_variance") == [1, 0, 2]
-    # nothing informative at all: zero-variance groups either way (zero policy gradient)
-    assert select_groups([False, False, False], target=2) == [0, 1]
+def test_select_groups_takes_the_first_kept_ones_and_never_repeats():
+    assert select_groups([False, True, True, False, True], target=2) == ([1, 2], [True, True])
+    # cap hit with 1 kept group of 3 wanted: the others fill the shape out of the loss ("drop"),
+    # or in it ("zero_variance"); no group twice
+    assert select_groups([False, True, False, False], target=3) == ([1, 0, 2], [True, False, False])
+    assert select_groups([False, True, False, True], target=3) == ([1, 3, 0], [True, True, False])
+    assert select_groups([False, True, False, False], target=3, fill="zero_variance") == ([1, 0, 2], [True] * 3)
+    # nothing kept at all: nothing in the loss with "drop"
+    assert select_groups([False, False, False], target=2) == ([0, 1], [False, False])
     with pytest.raises(ValueError, match="fill"):
-        select_groups([True], 1, fill="drop")
+        select_groups([True], 1, fill="repeat")
 
 
-def test_select_groups_never_returns_a_zero_variance_group_when_one_is_informative():
+def test_select_groups_puts_only_kept_groups_in_the_loss():
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
         target = int(torch.randint(1, 6, (1,), generator=gen))
         rounds = int(torch.randint(1, 4, (1,), generator=gen))
-        informative = (torch.rand(target * rounds, generator=gen) < 0.3).tolist()
-        chosen = select_groups(informative, target)
-        assert len(chosen) == target
-        if any(informative):
-            assert all(informative[i] for i in chosen)
+        kept = (torch.rand(target * rounds, generator=gen) < 0.3).tolist()
+        chosen, in_loss = select_groups(kept, target)
+        assert len(chosen) == len(set(chosen)) == target
+        assert sum(in_loss) == min(target, sum(kept))
+        assert all(kept[g] for g, w in zip(chosen, in_loss, strict=True) if w)
 
 
 def test_needs_another_round_until_every_process_has_its_target_or_the_cap():
@@ -104,6 +110,11 @@ def digit_parity_reward(completions, **kwargs) -> list[float]:
 
 def zero_reward(completions, **kwargs) -> list[float]:
     return [0.0] * len(completions)
+
+
+def first_row_right(completions, **kwargs) -> list[float]:
+    """Per round of 2 groups of 2: group 0 has 1 of 2 correct (kept), group 1 none (dropped)."""
+    return [1.0] + [0.0] * (len(completions) - 1)
 
 
 def make_trainer(model_dir, out, reward=digit_parity_reward, **overrides):
@@ -163,8 +174,31 @@ def test_stops_at_the_cap_when_no_group_is_informative(tmp_path, tiny_random_mod
     trainer.train()
     (record,) = trainer.dynamic_sampling_history
     assert record["rounds"] == 3 and record["generated_groups"] == 6 and record["informative_groups"] == 0
-    assert record["zero_variance_trained"] == record["trained_groups"] == 2
-    assert trainer.merged[0]["completion_ids"].shape[0] == 4
+    assert record["trained_groups"] == 0 and record["zero_weight_groups"] == 2 and record["dropped_groups"] == 6
+    batch = trainer.merged[0]
+    assert batch["completion_ids"].shape[0] == 4  # the batch shape TRL splits
+    assert (batch["tool_mask"] == 0).all() and int(batch["num_items_in_batch"]) == 0
+
+
+@pytest.mark.slow
+def test_at_the_cap_only_kept_groups_are_in_the_loss(tmp_path, tiny_random_model_dir):
+    trainer = make_trainer(tiny_random_model_dir, tmp_path / "drop", reward=first_row_right, max_generation_rounds=2,
+                           max_steps=1)
+    trainer.train()
+    (record,) = trainer.dynamic_sampling_history
+    # 2 rounds x (1 kept + 1 dropped group): target 2 reached, no group repeated
+    assert record["informative_groups"] == 2 and record["trained_groups"] == 2 and record["zero_weight_groups"] == 0
+    trainer = make_trainer(tiny_random_model_dir, tmp_path / "drop1", reward=first_row_right, max_generation_rounds=1,
+                           max_steps=1)
+    trainer.train()
+    (record,) = trainer.dynamic_sampling_history
+    assert record["trained_groups"] == 1 and record["zero_weight_groups"] == 1
+    batch = trainer.merged[0]
+    # the kept group's rows are in the loss, the dropped group's are not, and the token-level
+    # normaliser counts the kept tokens only: the step of a batch of the kept group alone
+    assert batch["tool_mask"][:2].bool().all() and not batch["tool_mask"][2:].any()
+    assert int(batch["num_items_in_batch"]) == int(batch["completion_mask"][:2].sum())
+    assert batch["advantages"][2:].abs().sum() == 0
 
 
 @pytest.mark.slow

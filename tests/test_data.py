@@ -97,7 +97,7 @@ def test_explicit_column_mapping(tmp_path):
         load_prompt_dataset(path, columns={"question": "nope"})
 
 
-def test_answers_from_boxed_solutions(tmp_path):
+def test_answers_from_boxed_solutions(tmp_path, caplog):
     rows = [
         {"problem": "p1", "solution": "so \\boxed{\\frac{1}{2}}."},
         {"problem": "p2", "solution": "\\boxed{3}"},
@@ -106,16 +106,35 @@ def test_answers_from_boxed_solutions(tmp_path):
     assert list(ds["answer"]) == ["\\frac{1}{2}", "3"]
     assert "solution" not in ds.column_names
     rows += [{"problem": "p3", "solution": "it is 4"}, {"problem": "p4", "solution": "no box"}]
-    with pytest.raises(
-        DatasetFormatError, match=r"2 of 4 rows have no \\boxed\{\} final answer in column 'solution'"
-    ):
-        load_prompt_dataset(write_jsonl(tmp_path / "s2.jsonl", rows))
+    ds = load_prompt_dataset(write_jsonl(tmp_path / "s2.jsonl", rows))
+    assert list(ds["answer"]) == ["\\frac{1}{2}", "3"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "skipped 2 of 4 rows (2 with no \\boxed{} answer in 'solution'; rows 3, 4, counting from 1)" in warning
 
 
-def test_empty_answers_are_reported(tmp_path):
-    rows = [{"question": "q1", "answer": "1"}, {"question": "q2", "answer": ""}]
-    with pytest.raises(DatasetFormatError, match="1 of 2 rows have no usable answer"):
+def test_bad_rows_are_skipped_with_one_warning(tmp_path, caplog):
+    """Empty answers, empty questions and broken JSON lines: skipped, counted, the first rows named."""
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(10)]
+    rows[1]["answer"] = ""
+    rows[4]["question"] = None
+    for i in (6, 7, 8, 9):
+        rows[i]["answer"] = None
+    path = write_jsonl(tmp_path / "e.jsonl", rows)
+    path.write_text(path.read_text() + "{not json\n")
+    ds = load_prompt_dataset(path, column_option="--{role}-column COLUMN")
+    assert list(ds["answer"]) == ["0", "2", "3", "5"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert "skipped 7 of 11 rows (1 with an unreadable line, 1 with an empty or non-text question in 'question', " \
+        "5 with no usable answer in 'answer'; rows 2, 5, 7, 8, 9, ..., counting from 1)" in warnings[0]
+    assert "--answer-column COLUMN" in warnings[0]
+
+
+def test_nothing_usable_is_fatal(tmp_path):
+    rows = [{"question": "q1", "answer": ""}, {"question": "q2", "answer": None}]
+    with pytest.raises(DatasetFormatError, match="no usable row: 2 of 2 rows") as error:
         load_prompt_dataset(write_jsonl(tmp_path / "e.jsonl", rows))
+    assert "\n" not in str(error.value) and "dataset_columns" in str(error.value)
 
 
 def test_empty_dataset(tmp_path):
@@ -232,3 +251,30 @@ def test_hub_offline_gives_clear_error(monkeypatch):
     with pytest.raises(DatasetUnavailableError, match="poise-trl-tests/fake-bench"):
         load_prompt_dataset("fake-bench")
     assert time.monotonic() - start < 30
+
+
+def test_folder_layouts(tmp_path):
+    """MATH's per-problem files under train/ and test/, a {"data": [...]} JSON file, a save_to_disk DatasetDict."""
+    for split, answer in (("train", "1"), ("test", "2")):
+        (tmp_path / "MATH" / split / "algebra").mkdir(parents=True)
+        (tmp_path / "MATH" / split / "algebra" / "5.json").write_text(
+            json.dumps({"problem": f"p {split}", "level": "Level 1", "solution": f"\\boxed{{{answer}}}"}, indent=2)
+        )
+    with pytest.raises(DatasetFormatError, match="pass the split"):
+        load_prompt_dataset(tmp_path / "MATH")
+    assert list(load_prompt_dataset(tmp_path / "MATH", split="test")["answer"]) == ["2"]
+
+    wrapped = tmp_path / "wrapped.json"
+    wrapped.write_text(json.dumps({"data": [{"question": "q", "answer": 3}, {"question": "r", "answer": 4}]}))
+    assert list(load_prompt_dataset(wrapped)["answer"]) == ["3", "4"]
+
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({
+        "test": datasets.Dataset.from_dict({"problem": ["a"], "answer": ["5"]}),
+        "validation": datasets.Dataset.from_dict({"problem": ["b"], "answer": ["6"]}),
+    }).save_to_disk(str(saved))
+    assert list(load_prompt_dataset(saved, split="validation")["answer"]) == ["6"]
+    with pytest.raises(DatasetFormatError, match="has splits"):
+        load_prompt_dataset(saved)
+    with pytest.raises(DatasetFormatError, match="no split 'dev'"):
+        load_prompt_dataset(saved, split="dev")

@@ -410,16 +410,40 @@ def test_high_disagreement_mask():
     assert torch.equal(est.high_disagreement_mask(STD, STD_MASK, 1.0), _bool([1, 1, 1, 0], [1, 1, 1, 0]))
 
 
-def test_disagreement_masks_leave_out_ties_at_the_threshold():
+def test_disagreement_masks_select_exactly_k_with_ties_in_token_order():
     std = t([[0.1, 0.2, 0.2, 0.9]])
     ones = torch.ones(1, 4)
-    # k = 2, but the 2nd and 3rd lowest tie at .2: only .1 is selected
-    assert torch.equal(est.low_disagreement_mask(std, ones, 0.5), _bool([1, 0, 0, 0]))
-    # k = 2 from the top: .9, then a tie at .2 straddling the cut: only .9
-    assert torch.equal(est.high_disagreement_mask(std, ones, 0.5), _bool([0, 0, 0, 1]))
+    # k = 2; the 2nd and 3rd lowest tie at .2: .1 and the first .2 (token order) are selected
+    assert torch.equal(est.low_disagreement_mask(std, ones, 0.5), _bool([1, 1, 0, 0]))
+    # k = 2 from the top: .9, then the first of the tied .2s
+    assert torch.equal(est.high_disagreement_mask(std, ones, 0.5), _bool([0, 1, 0, 1]))
+    # all equal: floor(0.2 * 6) = 1 token, the first valid one (row-major); padding is skipped
     flat = torch.full((2, 3), 0.4)
-    assert not est.low_disagreement_mask(flat, torch.ones(2, 3), 0.2).any()
-    assert not est.high_disagreement_mask(flat, torch.ones(2, 3), 0.2).any()
+    holes = t([0, 1, 1], [1, 1, 1])
+    assert torch.equal(est.low_disagreement_mask(flat, holes, 0.2), _bool([0, 1, 0], [0, 0, 0]))
+    assert torch.equal(est.high_disagreement_mask(flat, holes, 0.2), _bool([0, 1, 0], [0, 0, 0]))
+
+
+def test_disagreement_masks_hit_the_target_fraction_on_bf16_values():
+    # Critic values in bf16 (the GPU recipe's critic_dtype): |V1 - V2| / 2 takes few distinct
+    # values, so thousands of tokens tie; a strict cut at the quantile selected 0-20% here.
+    gen = torch.Generator().manual_seed(0)
+    # two critics' values near 0.6, where bf16's spacing is 2^-8
+    v1, v2 = ((0.55 + 0.1 * torch.rand(40, 50, generator=gen)).to(torch.bfloat16) for _ in range(2))
+    std = torch.stack([v1, v2]).float().std(0, correction=0).to(torch.bfloat16)
+    mask = torch.ones(40, 50)
+    mask[:, 45:] = 0  # 1800 valid tokens
+    valid = mask.bool()
+    assert std[valid].unique().numel() < 30  # heavy ties
+    # a strict cut below the 361st smallest value leaves the whole tied block out
+    assert int((std[valid] < std[valid].kthvalue(361).values).sum()) < 360
+    low = est.low_disagreement_mask(std, mask, 0.2)
+    high = est.high_disagreement_mask(std, mask, 0.2)
+    assert int(low.sum()) == int(high.sum()) == 360  # exactly 20% of 1800
+    assert not (low & ~mask.bool()).any() and not (high & ~mask.bool()).any()
+    # every selected low token is <= every unselected valid one (rank selection)
+    assert std[low].float().max() <= std[valid & ~low].float().min()
+    assert std[high].float().min() >= std[valid & ~high].float().max()
 
 
 def test_disagreement_masks_count_and_validation():
@@ -433,6 +457,56 @@ def test_disagreement_masks_count_and_validation():
     with pytest.raises(ValueError, match="fraction"):
         est.low_disagreement_mask(std, ones, 1.5)
     assert not est.high_disagreement_mask(std, torch.zeros(4, 25), 0.5).any()
+
+
+def test_filtered_entropy_bonus_is_a_per_response_mean_over_the_full_length():
+    entropies = t([1.0, 2.0, 3.0, float("nan")], [4.0, 4.0, 7.0, 7.0])
+    mask = t([1, 1, 1, 0], [1, 1, 0, 0])
+    keep = t([1, 0, 1, 1], [0, 1, 1, 1])  # I^H: token (0, 1) and (1, 0) filtered out
+    # row 0: (1 + 3) / |o| = 4 / 3 (not / 2 kept tokens); row 1: 4 / 2
+    bonus = est.filtered_entropy_bonus(entropies, keep, mask)
+    assert torch.allclose(bonus, t(4 / 3, 2.0))
+    # mean over responses 5/3, where a token mean over kept tokens would give (1 + 3 + 4) / 3
+    assert torch.isclose(bonus.mean(), torch.tensor(5 / 3))
+    # nothing filtered: the plain per-response mean entropy; an empty row gives 0
+    assert torch.allclose(est.filtered_entropy_bonus(entropies, torch.ones(2, 4), mask), t(2.0, 4.0))
+    assert est.filtered_entropy_bonus(t([[5.0, 5.0]]), t([[1, 1]]), t([[0, 0]])).item() == 0.0
+
+
+def test_aggregate_and_cross_fit_critic_values():
+    # 2 critics, 4 rows (one group of 4: rows 0-1 trained critic 0, rows 2-3 critic 1), 1 token
+    values = torch.tensor([[[1.0], [2.0], [3.0], [4.0]], [[10.0], [20.0], [30.0], [40.0]]])
+    assignment = est.critic_group_assignment(4, 4, 2)
+    assert assignment.tolist() == [0, 0, 1, 1]
+    close(est.aggregate_critic_values(values), [[5.5], [11.0], [16.5], [22.0]])
+    close(est.aggregate_critic_values(values, "min"), [[1.0], [2.0], [3.0], [4.0]])
+    # each row from the critic that did not train on it
+    close(est.cross_fit_values(values, assignment), [[10.0], [20.0], [3.0], [4.0]])
+    # 3 critics: the mean (or min) of the two others, e.g. row 3 (critic 0): (40 + 7) / 2
+    three = torch.stack([values[0], values[1], torch.full((4, 1), 7.0)])
+    close(est.cross_fit_values(three, torch.tensor([0, 1, 2, 0])), [[8.5], [4.5], [16.5], [23.5]])
+    close(est.cross_fit_values(three, torch.tensor([0, 1, 2, 0]), "min"), [[7.0], [2.0], [3.0], [7.0]])
+    with pytest.raises(ValueError, match="at least 2"):
+        est.cross_fit_values(values[:1], assignment)
+
+
+def test_sign_agreement():
+    adv = t([0.5, -0.2, 0.0, 9.0], [-1.0, -1.0, 1.0, 0.0])
+    ref = t([1.0, 1.0, 1.0, -1.0], [-1.0, -1.0, -1.0, 0.0])
+    mask = t([1, 1, 1, 0], [1, 1, 1, 1])
+    # both non-zero and valid: (0,0) +/+, (0,1) -/+, (1,0) -/-, (1,1) -/-, (1,2) +/- -> 3 of 5
+    assert est.sign_agreement(adv, ref, mask) == pytest.approx(0.6)
+    assert torch.tensor(est.sign_agreement(torch.zeros(2, 4), ref, mask)).isnan()
+
+
+def test_dapo_keep_groups_counts_correctness():
+    # DAPO Eq. (11): keep when 0 < #correct < G
+    correct = torch.tensor([1, 1, 0, 0, 1, 0, 0, 1], dtype=torch.bool)
+    assert est.dapo_keep_groups(correct, 2).tolist() == [False, False, True, True]
+    assert est.dapo_keep_groups(correct, 4).tolist() == [True, True]
+    assert est.dapo_keep_groups(torch.ones(4, dtype=torch.bool), 4).tolist() == [False]
+    with pytest.raises(ValueError, match="multiple"):
+        est.dapo_keep_groups(correct, 3)
 
 
 # ---------------------------------------------------------------------------------------

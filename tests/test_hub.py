@@ -54,6 +54,6 @@ def test_failed_upload_says_what_is_safe_and_how_to_retry(tmp_path):
         def create_repo(self, repo_id, exist_ok):
             raise ConnectionError("no network")
 
-    with pytest.raises(HubPushError, match=r"saved in .*huggingface-cli upload me/x"):
+    with pytest.raises(HubPushError, match=r"saved in .*hf auth login.*hf upload me/x"):
         push_final_model(tmp_path, "me/x", RECIPE, SUMMARY, api=OfflineApi())
     assert (tmp_path / "README.md").exists() and (tmp_path / "summary.json").exists()

@@ -247,6 +247,33 @@ def test_per_domain_probes():
         ProbeEstimator().predict(f1, domains=["math"] * 8)
 
 
+def test_per_domain_bootstrap_is_global():
+    """bootstrap_steps=3; steps: 1 math, 2 code, 3 math, 4 code, 5 other, 6 other.
+    Bootstrap ends with step 3: math AND code are fit then (code was absent from step 3), so code's
+    step 4 already uses a probe (with per-domain counters it would wait for its 3rd step, step 6).
+    `other`, first seen at step 5, is fit at the end of step 5 and used from step 6."""
+    est = ProbeEstimator(bootstrap_steps=3, per_domain=True, prompt_components=4, response_components=4)
+    schedule = ["math", "code", "math", "code", "other", "other"]
+    available_before, refits_after = [], []
+    for step, (domain, (feats, y)) in enumerate(zip(schedule, batches(6, n=8), strict=True), start=1):
+        available_before.append(bool(est.predict(feats, domains=[domain] * 8)[1].all()))
+        stats = est.update_from_targets(feats, y, 2, domains=[domain] * 8)
+        refits_after.append(dict(est.refit_counts))
+        assert est.in_bootstrap == (step < 3)
+        assert (f"{domain}/insample_mae" in stats) == (step >= 3)
+    assert available_before == [False, False, False, True, False, True]
+    assert refits_after == [
+        {"math": 0},
+        {"math": 0, "code": 0},
+        {"math": 1, "code": 1},
+        {"math": 1, "code": 2},
+        {"math": 1, "code": 2, "other": 1},
+        {"math": 1, "code": 2, "other": 2},
+    ]
+    assert est.domain_steps == {"math": 2, "code": 2, "other": 2}
+    assert len(est.buffers["code"]) == 16 and len(est.buffers["other"]) == 16
+
+
 @pytest.mark.parametrize("per_domain", [False, True])
 def test_save_load_round_trip_bit_identical(tmp_path, per_domain):
     est = ProbeEstimator(bootstrap_steps=2, capacity_rows=48, per_domain=per_domain)

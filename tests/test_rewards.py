@@ -7,14 +7,19 @@ import time
 
 import pytest
 
+import poise_trl.rewards as rewards
 from poise_trl.rewards import (
     REWARD_FUNCTIONS,
+    all_boxed,
+    canonical_numbers,
     extract_final_answer,
     format_reward,
     get_reward_functions,
+    grade_batch,
     is_correct,
     last_boxed,
     math_accuracy_reward,
+    normalize_gold_answer,
 )
 
 
@@ -178,3 +183,134 @@ def test_registry():
         get_reward_functions(["accuracy"])
     with pytest.raises(ValueError, match="no reward functions"):
         get_reward_functions([])
+
+
+@pytest.mark.parametrize(
+    "gold, normalized",
+    [
+        ("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18.\n#### 18", "18"),
+        ("#### 1,234", "1234"),
+        ("9 (apples)", "9"),
+        ("3.5 miles per hour", "3.5"),
+        ("2 pi", "2 pi"),  # maths, not a unit
+        ("3 or 4", "3 or 4"),
+        ("d = \\boxed{\\textbf{(073)}}", "073"),  # AIME 2024 solutions bold their answer
+        ("42.", "42"),
+        ("$\\frac{1}{2}$", "\\frac{1}{2}"),
+        ("\\(x^2\\)", "x^2"),
+        (70.0, "70"),
+        ("so the area is $\\boxed{12}$.", "12"),
+        ("$x = \\boxed{3}$ and $y = \\boxed{4}$", "3, 4"),  # one answer in two boxes
+        ("\\boxed{1} no no no no no \\boxed{2}", "2"),  # a later box replaces an earlier one
+        ("$69$,$84$", "69, 84"),
+        ("Final Answer: The final answer is $28\\%$. I hope it is correct.", "28\\%"),
+        ("62.5%", "62.5\\%"),
+        ("10\\,000", "10000"),
+        ("4.5e33", "4500000000000000000000000000000000"),
+        ("1e-5", "0.00001"),
+        ("8.7\\times10^{8}", "870000000"),
+        ("5^{\\mathrm{th}}", "5"),
+        ("(1, 2)", "(1, 2)"),
+        ("x+1", "x+1"),
+        ("0,111", "0,111"),  # a decimal comma, not thousands
+    ],
+)
+def test_normalize_gold_answer(gold, normalized):
+    assert normalize_gold_answer(gold) == normalized
+    assert normalize_gold_answer(normalized) == normalized  # idempotent: the grader applies it again
+
+
+def test_canonical_numbers_leaves_expressions_alone():
+    assert canonical_numbers("2e^{x}") == "2e^{x}"
+    assert canonical_numbers("3 \\times 10^{x}") == "3 \\times 10^{x}"
+    assert canonical_numbers("10^{10^{10}}") == "10^{10^{10}}"
+    assert canonical_numbers("1\\times10^{500}") == "1\\times10^{500}"  # too long to write out
+
+
+def test_all_boxed():
+    assert all_boxed(r"\boxed{1} and \fbox{\frac{2}{3}} and \boxed{4") == ["1", r"\frac{2}{3}"]
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        (r"$x = \boxed{3}$ and $y = \boxed{4}$", "(3, 4)", True),
+        (r"$x = \boxed{3}$ and $y = \boxed{4}$", "$\\boxed{3}$, $\\boxed{4}$", True),
+        (r"\boxed{3} wait, actually \boxed{5}", "5", True),
+        (r"$x = \boxed{3}$ and $y = \boxed{4}$", "(3, 5)", False),
+        (r"\boxed{4.5 \times 10^{33}}", "4.5e33", True),
+        (r"\boxed{8.7\times10^{8}}", "870000000", True),
+        (r"\boxed{8.7\times10^{9}}", "870000000", False),
+        (r"\boxed{2\times10^{-19}}", "3e-19", False),  # math-verify alone rounds both to 0
+        (r"\boxed{10\,000}", "10000", True),
+        (r"\boxed{10\,000}", "0", False),
+        (r"\boxed{4.2\%}", "4.2", True),
+        (r"\boxed{4.2}", "4.2\\%", True),
+        (r"\boxed{0.042}", "4.2\\%", True),
+        (r"\boxed{42}", "4.2\\%", False),
+        (r"\boxed{9}", "9 (apples)", True),
+        (r"\boxed{18 dollars}", "18", True),
+        (r"\boxed{12.}", "12", True),
+        ("The answer is 42.\n\n" + " ".join(f"Check {i}: {i} + 1 = {i + 1}." for i in range(200)), "42", True),
+        ("The answer is 42.\n\n" + " ".join(f"Check {i}: {i} + 1 = {i + 1}." for i in range(200)), "201", False),
+        (r"So $\boxed{255}$ in interest. Final Answer: The final answer is $10,455$.", "10455", True),
+    ],
+)
+def test_answer_forms(completion, gold, expected):
+    assert is_correct(completion, gold) is expected
+
+
+SLOW = r"\boxed{(9999^{9999})^{9999}}"  # passes the cheap guards, then a single C-level power of 400M digits
+
+
+def test_a_stuck_grade_is_cut_off_in_a_worker_thread():
+    """TRL may call the reward from a thread: a grade that cannot finish is killed with its worker process,
+    the other grades of the batch still come back, in order, and the next batch gets a fresh worker."""
+    results = {}
+
+    def grade():
+        before = rewards._POOL.acquire()
+        rewards._POOL.release(before)
+        start = time.monotonic()
+        results["batch"] = grade_batch([(r"\boxed{70}", 70), (SLOW, 70), (r"\boxed{7}", 7)], timeout_seconds=1)
+        results["seconds"] = time.monotonic() - start
+        after = rewards._POOL.acquire()
+        rewards._POOL.release(after)
+        results["replaced"] = after.process.pid != before.process.pid and before.process.poll() is not None
+
+    worker = threading.Thread(target=grade)
+    worker.start()
+    worker.join(timeout=120)  # a hang detector: the power alone runs for many minutes
+    assert not worker.is_alive()
+    assert results["batch"] == [True, False, True]
+    assert results["replaced"]
+    assert results["seconds"] < 60
+    assert is_correct(r"\boxed{70}", 70)
+
+
+@pytest.mark.parametrize("gold", ["9^{9^{9}}", "(9999^{9999})^{9999}", "x" * 100_000, "{" * 5000 + "1"])
+def test_pathological_golds_are_bounded(gold):
+    done = []
+    worker = threading.Thread(target=lambda: done.append(is_correct(r"\boxed{1}", gold, timeout_seconds=1)))
+    worker.start()
+    worker.join(timeout=120)
+    assert done == [False]
+
+
+def test_grading_falls_back_to_this_process(monkeypatch):
+    """Where no worker process can be started, grading still works (in-process, as before)."""
+
+    def cannot_start():
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(rewards, "_POOL", rewards._WorkerPool())
+    monkeypatch.setattr(rewards, "_Worker", cannot_start)
+    assert grade_batch([(r"\boxed{70}", 70), (r"\boxed{71}", 70)]) == [True, False]
+
+
+def test_math_accuracy_reward_grades_a_batch_in_one_round_trip(monkeypatch):
+    calls = []
+    real = rewards.grade_batch
+    monkeypatch.setattr(rewards, "grade_batch", lambda pairs, *a: calls.append(len(pairs)) or real(pairs, *a))
+    assert math_accuracy_reward([r"\boxed{1}", r"\boxed{2}", "x"], answer=["1", "1", "1"]) == [1.0, 0.0, 0.0]
+    assert calls == [3]

@@ -1,6 +1,7 @@
 """End to end through `train_from_recipe` on a 2-layer random model: the real TRL path, seconds."""
 
 import json
+import shutil
 
 import pytest
 
@@ -97,9 +98,12 @@ def test_interrupted_budget_run_resumes_with_its_curve_and_counters(tmp_path, ti
     whole = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir), str(tmp_path / "whole"),
                               show_progress=False)
     out = tmp_path / "cut"
-    # max_steps=1 plays the interruption: the run ends after checkpoint-1, with half the budget spent
-    first = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir, max_steps=1), str(out), show_progress=False)
-    assert first["budget_reached"] is False and first["generated_rollouts"] == 4
+    shutil.copytree(tmp_path / "whole", out)
+    # a run killed after checkpoint-1, with half the budget spent
+    for name in ("summary.json", "final", "checkpoint-2"):
+        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+    first = json.loads((out / "checkpoint-1" / "heldout_ledger.json").read_text())
+    assert first["generated_rollouts"] == 4
     resumed = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir, resume_from_checkpoint=True), str(out),
                                 show_progress=False)
     assert resumed["steps"] == 2 and resumed["budget_reached"] is True
@@ -109,7 +113,8 @@ def test_interrupted_budget_run_resumes_with_its_curve_and_counters(tmp_path, ti
     assert resumed["generated_tokens"] == whole["generated_tokens"]
     assert [p["accuracy"] for p in resumed["heldout_history"]] == [p["accuracy"] for p in whole["heldout_history"]]
     assert resumed["train_seconds"] > first["train_seconds"]
-    # resuming from the checkpoint written when the budget ran out trains nothing more
+    # resuming from the checkpoint written when the budget ran out (killed before the summary) trains nothing more
+    (out / "summary.json").unlink()
     again = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir, resume_from_checkpoint=True), str(out),
                               show_progress=False)
     assert (again["steps"], again["generated_rollouts"]) == (2, 8)

@@ -4,21 +4,27 @@ Flow of one generation round inside TRL's `_generate_and_score_completions` (bef
 shuffle, so prompt groups are whole; ../shared/docs/trl-notes.md):
 
 1. TRL generates `num_generations` responses per prompt and gathers the rewards.
-2. Every critic scores every local row: V_m(s_t), (M, B, T). The values come from the
-   critics as they stand BEFORE this round's update (as PPO implementations compute values
-   in the rollout phase), so no advantage uses a critic fitted on the row's own return.
-3. Outcome reward on the last valid token; V-bar = mean (or min) over critics (seed 001,
-   A-bar); token-level GAE with gamma and lambda_policy (constant, or VAPO's length-adaptive
-   1 - 1/(alpha l)) for the policy, and lambda_critic (1.0: Monte-Carlo returns, VAPO's
-   decoupled GAE) for the critics' targets.
-4. Over the whole global batch: advantages whitened (optional), sigma_t = std over critics;
-   I^A zeroes the advantages of the lowest-k sigma tokens, I^H drops the top-h sigma tokens
-   from the entropy bonus (seed 001, Eq. J_PPO).
-5. The critics are fitted on the round's targets with the group-level non-overlap division
-   (critic m sees its share of every prompt's responses), gradients summed over ranks.
+2. Every critic scores every local row: V_m(s_t), (M, B, T), as it stands BEFORE this
+   round's update. Outcome reward on the last valid token; the critics' targets are the
+   returns (lambda_critic = 1, VAPO's decoupled GAE) or GAE(lambda_critic) on these values.
+3. The critics are fitted on the round's targets with the group-level non-overlap division
+   (critic m sees its share of every prompt's responses, seed 001), gradients summed over ranks.
+4. V-bar for the policy's GAE, per `critic_values`: the values of step 2 (default, as PPO
+   computes values at rollout time: no advantage uses a critic fitted on the row's own
+   return), the refitted critics (seed 001's order: update, then V-bar) or, cross-fitted,
+   each row's value from the critics that did not train on it. V-bar = mean (or min) over
+   critics (seed 001, A-bar); token-level GAE with gamma and lambda_policy (constant, or
+   VAPO's length-adaptive 1 - 1/(alpha l)).
+5. Over the whole global batch: advantages whitened (optional), sigma_t = std over critics;
+   I^A zeroes the advantages of exactly the lowest-k sigma tokens, I^H drops exactly the
+   top-h from the entropy bonus (seed 001, Eq. J_PPO; ranks, ties in token order).
 6. TRL's clipped loss runs on the (B, T) advantages; `_compute_loss` adds the filtered
-   entropy bonus and VAPO's positive-example NLL, reusing TRL's own forward pass. During
-   `value_warmup_steps` the actor takes no step at all (VAPO's value pretraining).
+   entropy bonus (1/|o|) sum_t I^H_t H_t per response and VAPO's positive-example NLL,
+   reusing TRL's own forward pass. During `value_warmup_steps` the actor takes no step at
+   all (VAPO's value pretraining).
+
+Diagnostics go to the training log (`critic/*`, `advantages/raw_std`, `asyppo/*`) and, at the
+end, to `critic_report.json` / `critic_values.png` (`poise_trl.critic_report`).
 
 `algo: ppo` (1 same-size critic, coupled lambda 0.95, sequence-mean loss) and `algo: vapo`
 (1 same-size critic plus VAPO's seven changes) are this trainer with other defaults.
@@ -33,10 +39,12 @@ import torch
 from trl import GRPOConfig
 
 from poise_trl import estimators
+from poise_trl.critic_report import CriticReportCallback
 from poise_trl.critics import STATE_FILE, CriticEnsemble
 from poise_trl.trainers.base import AdvantageTrainer
 
 CRITICS_DIR = "critics"
+CRITIC_VALUES = ("before_update", "after_update", "cross_fit")
 
 
 @dataclass
@@ -44,7 +52,8 @@ class AsyPPOConfig(GRPOConfig):
     """GRPOConfig plus the critics, GAE, AsyPPO's masks and VAPO's options.
 
     The class defaults are AsyPPO's (seed 001); `entropy_coef` (TRL's field) is the beta of
-    AsyPPO's entropy term, here computed over the tokens the critic-std filter keeps.
+    AsyPPO's entropy term beta (1/|o|) sum_t I^H_t H_t, a per-response mean over the full
+    length with the high-disagreement tokens left out of the sum.
     """
 
     critic_model: str | None = field(
@@ -56,6 +65,13 @@ class AsyPPOConfig(GRPOConfig):
     num_critics: int = field(default=2, metadata={"help": "M mini-critics (seed 001: 2 is the sweet spot)."})
     critic_aggregation: str = field(
         default="mean", metadata={"help": "'mean' (seed 001's choice) or 'min' of the critics' values."}
+    )
+    critic_values: str = field(
+        default="before_update",
+        metadata={"help": "Which values GAE uses: 'before_update' (the critics before fitting this round, as PPO "
+                          "computes values at rollout time), 'after_update' (seed 001's order: fit, then V-bar) or "
+                          "'cross_fit' (after the fit, each response's V from the critics that did not train on it; "
+                          "needs num_critics >= 2)."},
     )
     critic_learning_rate: float = field(default=2e-6, metadata={"help": "Critics' AdamW lr (seed 003: 2e-6)."})
     critic_weight_decay: float = field(default=0.0, metadata={"help": "Critics' AdamW weight decay."})
@@ -123,6 +139,11 @@ class AsyPPOConfig(GRPOConfig):
             )
         if self.critic_aggregation not in ("mean", "min"):
             raise ValueError(f"critic_aggregation must be 'mean' or 'min', got {self.critic_aggregation!r}")
+        if self.critic_values not in CRITIC_VALUES:
+            raise ValueError(f"critic_values must be one of {CRITIC_VALUES}, got {self.critic_values!r}")
+        if self.critic_values == "cross_fit" and self.num_critics < 2:
+            raise ValueError("critic_values='cross_fit' takes each response's value from the OTHER critics: it needs "
+                             "num_critics >= 2; use 'before_update' or 'after_update' with one critic")
         if self.critic_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"critic_dtype must be 'float32' or 'bfloat16', got {self.critic_dtype!r}")
         for name in ("adv_mask_fraction", "entropy_filter_fraction", "lambda_policy", "lambda_critic", "gamma"):
@@ -215,6 +236,9 @@ class AsyPPOTrainer(AdvantageTrainer):
                 f"has {len(self.processing_class)} tokens: the critic must share the actor's tokenizer"
             )
         self._loss_forward = None
+        self.critic_history: list[dict] = []  # one record per generation round
+        # critic_report.json + critic_values.png at the end of training, for every caller (CLI or Python)
+        self.add_callback(CriticReportCallback(self, self.args.output_dir))
 
     def _critic_path(self, model) -> str:
         from poise_trl.train import resolve_model_path
@@ -242,44 +266,61 @@ class AsyPPOTrainer(AdvantageTrainer):
         width = mask.size(1)
         local_rewards = self.local_rows(rewards).float()
 
-        # Steps 2-3: values before this round's critic update, V-bar, GAE.
-        values = self.critics.values(input_ids, attention_mask, width)
-        value = values.mean(0) if cfg.critic_aggregation == "mean" else values.min(0).values
+        # Values before this round's critic update: out of sample for every row, and the base of
+        # the critics' GAE targets when lambda_critic < 1.
+        prior = self.critics.values(input_ids, attention_mask, width)
+        prior_value = estimators.aggregate_critic_values(prior, cfg.critic_aggregation)
         # Outcome reward on the last valid token (no KL in the reward: beta, if any, is TRL's k3
         # loss). Rows with no valid token (mask_truncated_completions) carry nothing anywhere.
-        token_rewards = torch.zeros_like(value)
+        token_rewards = torch.zeros_like(prior_value)
         rows = mask.sum(1) > 0
         token_rewards[rows] = estimators.kl_penalized_token_rewards(
             local_rewards[rows], token_rewards[rows], mask[rows], 0.0
         )
-        if cfg.length_adaptive_alpha is not None:
-            lam_policy = estimators.length_adaptive_lambda(mask.sum(1), cfg.length_adaptive_alpha).to(value.device)
-        else:
-            lam_policy = cfg.lambda_policy
-        advantages, _ = estimators.gae_advantages(token_rewards, value, mask, cfg.gamma, lam_policy)
         if cfg.lambda_critic == 1.0:
             # GAE(lambda=1) = Monte-Carlo return minus V; returns_to_go gives that return exactly,
             # without the rounding of (G - V) + V (which turns an all-equal batch into noise).
             targets = estimators.returns_to_go(token_rewards, mask, cfg.gamma)
         else:
-            _, targets = estimators.gae_advantages(token_rewards, value, mask, cfg.gamma, cfg.lambda_critic)
+            _, targets = estimators.gae_advantages(token_rewards, prior_value, mask, cfg.gamma, cfg.lambda_critic)
+
+        # Fit the critics, critic m on its share of every prompt's responses (seed 001, step 2).
+        assignment = estimators.critic_group_assignment(mask.size(0), self.num_generations, len(self.critics))
+        assignment = assignment.to(mask.device)
+        fit = self.critics.update(input_ids, attention_mask, width, targets, mask, assignment)
+        for name, number in fit.items():
+            self._metrics["train"][f"critic/{name}"].append(number)
+
+        # V-bar for GAE (seed 001, step 3), from the critics as `critic_values` says.
+        if cfg.critic_values == "before_update":
+            values, value = prior, prior_value
+        else:
+            values = self.critics.values(input_ids, attention_mask, width)
+            if cfg.critic_values == "after_update":
+                value = estimators.aggregate_critic_values(values, cfg.critic_aggregation)
+            else:
+                value = estimators.cross_fit_values(values, assignment, cfg.critic_aggregation)
+        if cfg.length_adaptive_alpha is not None:
+            lam_policy = estimators.length_adaptive_lambda(mask.sum(1), cfg.length_adaptive_alpha).to(value.device)
+        else:
+            lam_policy = cfg.lambda_policy
+        advantages, _ = estimators.gae_advantages(token_rewards, value, mask, cfg.gamma, lam_policy)
         # Population std: 0 (not nan) for a single critic, |V1 - V2| / 2 for two.
         critic_std = values.std(0, correction=0)
 
-        # Step 4, over the global batch: whitening, Low_k / Top_h of sigma (seed 001).
+        # Over the global batch: whitening, Low_k / Top_h of sigma (seed 001, steps 4-5).
         g_mask, g_adv, g_std = (self._gather_tokens(t) for t in (mask, advantages, critic_std))
+        raw_std = g_adv[g_mask.bool()].float().std().item() if int(g_mask.sum()) > 1 else 0.0
         if cfg.whiten_advantages:
             g_adv = estimators.masked_whiten(g_adv, g_mask)
         low = estimators.low_disagreement_mask(g_std, g_mask, cfg.adv_mask_fraction)
         high = estimators.high_disagreement_mask(g_std, g_mask, cfg.entropy_filter_fraction)
         g_adv = torch.where(low, torch.zeros_like(g_adv), g_adv)
-        self._log_critic_round(g_mask, g_std, low, high, self._gather_tokens(value), self._gather_tokens(targets))
-
-        # Step 5: fit the critics, critic m on its share of every prompt's responses.
-        assignment = estimators.critic_group_assignment(mask.size(0), self.num_generations, len(self.critics))
-        fit = self.critics.update(input_ids, attention_mask, width, targets, mask, assignment.to(mask.device))
-        for name, number in fit.items():
-            self._metrics["train"][f"critic/{name}"].append(number)
+        g_targets = self._gather_tokens(targets)
+        record = self._log_critic_round(g_mask, g_std, low, high, self._gather_tokens(prior_value),
+                                        self._gather_tokens(value), g_targets, g_adv, rewards.float(), raw_std)
+        record["value_loss"] = fit["value_loss"]
+        self.critic_history.append(record)
 
         # Extra per-row keys travel through TRL's shuffle and split with the rest of the batch.
         output["entropy_filter"] = self.local_rows(high)[:, :width].float()
@@ -299,19 +340,49 @@ class AsyPPOTrainer(AdvantageTrainer):
         self._metrics["train"]["advantages/mean"].append(values.mean().item())
         self._metrics["train"]["advantages/std"].append(values.std().item() if values.numel() > 1 else 0.0)
 
-    def _log_critic_round(self, mask, critic_std, low, high, value, targets) -> None:
+    def _log_critic_round(self, mask, critic_std, low, high, prior_value, value, targets, advantages, rewards,
+                          raw_std) -> dict:
+        """Log this round's critic diagnostics (global batch) and return them as a history record.
+
+        `explained_variance` is that of the values GAE used (`critic_values`);
+        `explained_variance_prior` that of the values BEFORE this round's update, out of sample
+        for every row; `..._first_token` the same on V(s_0), the critics' value of the prompt,
+        against the realised return. `mc_sign_agreement`: the share of tokens whose final
+        advantage has the sign of the response's Monte-Carlo advantage r_i - mean_group(r).
+        """
         metrics = self._metrics["train"]
         valid = mask.bool()
         n_valid = valid.sum().clamp(min=1)
-        metrics["critic/explained_variance"].append(estimators.explained_variance(value, targets, mask))
-        metrics["critic/value_mean"].append(value[valid].mean().item())
-        if len(self.critics) == 1:
-            return  # no disagreement to measure
-        quantiles = torch.quantile(critic_std[valid].float(), torch.tensor([0.1, 0.5, 0.9], device=mask.device))
-        for name, q in zip(("p10", "p50", "p90"), quantiles.tolist(), strict=True):
-            metrics[f"critic/std_{name}"].append(q)
-        metrics["asyppo/adv_masked_fraction"].append((low.sum() / n_valid).item())
-        metrics["asyppo/entropy_filtered_fraction"].append((high.sum() / n_valid).item())
+        first = valid[:, 0]
+        mc_advantage = estimators.group_mean_advantages(rewards.to(mask.device), self.num_generations)
+        record = {
+            "step": self.state.global_step,
+            "explained_variance": estimators.explained_variance(value, targets, mask),
+            "explained_variance_prior": estimators.explained_variance(prior_value, targets, mask),
+            "explained_variance_first_token": estimators.explained_variance(value[:, :1], targets[:, :1], mask[:, :1]),
+            "explained_variance_prior_first_token": estimators.explained_variance(
+                prior_value[:, :1], targets[:, :1], mask[:, :1]),
+            "mc_sign_agreement": estimators.sign_agreement(advantages, mc_advantage.unsqueeze(1).expand_as(mask), mask),
+            "value_mean": value[valid].mean().item(),
+            "return_mean": targets[valid].mean().item(),
+            "advantage_raw_std": raw_std,
+            "adv_masked_fraction": (low.sum() / n_valid).item(),
+            "entropy_filtered_fraction": (high.sum() / n_valid).item(),
+            "predicted_first_token": [round(v, 4) for v in value[first, 0].tolist()],
+            "prior_first_token": [round(v, 4) for v in prior_value[first, 0].tolist()],
+            "realised_return": [round(v, 4) for v in targets[first, 0].tolist()],
+        }
+        for key in ("explained_variance", "explained_variance_prior", "explained_variance_first_token",
+                    "explained_variance_prior_first_token", "mc_sign_agreement", "value_mean", "return_mean"):
+            metrics[f"critic/{key}"].append(record[key])
+        metrics["advantages/raw_std"].append(raw_std)
+        if len(self.critics) > 1:
+            quantiles = torch.quantile(critic_std[valid].float(), torch.tensor([0.1, 0.5, 0.9], device=mask.device))
+            for name, q in zip(("p10", "p50", "p90"), quantiles.tolist(), strict=True):
+                metrics[f"critic/std_{name}"].append(q)
+            metrics["asyppo/adv_masked_fraction"].append(record["adv_masked_fraction"])
+            metrics["asyppo/entropy_filtered_fraction"].append(record["entropy_filtered_fraction"])
+        return record
 
     # -- loss -------------------------------------------------------------------------------
 
@@ -345,9 +416,9 @@ class AsyPPOTrainer(AdvantageTrainer):
                 if totals[1] > 0:
                     self._metrics["train"][f"asyppo/{name}"].append((totals[0] / totals[1]).item())
         if self.entropy_coef:
-            # seed 001, beta * I^H_t * H[pi(.|s_t)]: the mean entropy of the kept tokens, scaled
-            # for gradient accumulation exactly as TRL scales its own bonus.
-            bonus = (entropies * kept).sum() / kept.sum().clamp(min=1.0)
+            # seed 001, beta * (1/|o|) sum_t I^H_t H_t inside J_PPO's per-response mean, then the
+            # mean over responses; scaled for gradient accumulation as TRL scales its own terms.
+            bonus = estimators.filtered_entropy_bonus(entropies, 1.0 - inputs["entropy_filter"], mask).mean()
             loss = loss - self.entropy_coef * bonus / self.current_gradient_accumulation_steps
         if cfg.positive_lm_coef:
             # seed 003, L = L_PPO + mu * L_NLL, L_NLL = -sum_{o in T} sum_t log pi / sum_{o in T} |o|

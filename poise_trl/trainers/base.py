@@ -25,7 +25,19 @@ class CountingGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.generated_tokens = 0
         self.generated_rollouts = 0
+        # Forward passes of the policy through TRL's log-prob path, with and without grad: how
+        # POISE shows its features ride on a pass every algorithm makes.
+        self.policy_forward_passes = 0
         self.pending_logs: dict[str, float] = {}
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """TRL writes its generic card ("trained with GRPO") at every save; `poise train`
+        writes its own card into final/ (`poise_trl.hub.build_model_card`)."""
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        if model is self.model:
+            self.policy_forward_passes += 1
+        return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Called once per generation round, after truncation at EOS.

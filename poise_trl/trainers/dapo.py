@@ -4,11 +4,12 @@
 - Token-level policy-gradient loss: TRL's loss_type="dapo".
 - Overlong reward shaping: the soft penalty of `estimators.overlong_penalty` (DAPO Eq. (13))
   is added to the reward before the group-normalized (GRPO) advantage.
-- Dynamic sampling (DAPO Sec. 3.2): a group whose rewards are all equal has zero advantage
-  and no policy gradient; it is dropped, and more prompts are generated until the batch
-  holds the target number of informative groups. "Rewards" are the shaped ones the advantage
-  is computed from (outcome + overlong penalty): a group of equally correct answers whose
-  lengths are penalized differently still carries a gradient, so it is kept.
+- Dynamic sampling (DAPO Sec. 3.2, Eq. (11)): a group is kept when 0 < #correct < G, counted
+  on correctness (the first reward function, e.g. `math_accuracy`, at least
+  `correct_reward_threshold`), not on the shaped reward: an all-correct or all-wrong group
+  whose lengths draw different overlong penalties is dropped, as in the paper (its spread is
+  length noise that the group std would blow up to unit scale). Dropped groups are replaced by
+  groups of fresh prompts until the batch holds the target number of kept groups.
 
 TRL has no dynamic sampling, so it is built around TRL's own `_generate_and_score_completions`
 (generation with vLLM or transformers, old/ref log-probs, rewards): each round calls it on
@@ -27,13 +28,16 @@ decision without another collective: stop once every process holds its target, o
 `max_generation_rounds` rounds. Each process fills its own quota from its own groups (a
 group never straddles processes).
 
-Cap hit: `dynamic_sampling_fill="repeat"` (default) fills the missing groups by repeating
-the informative groups found, in order. Their rows are exact copies (same old log-probs),
-so they weight those groups more but keep the token-level loss normalized over informative
-tokens only; keeping zero-advantage groups instead would add their tokens to the loss
-denominator and shrink the step. `"zero_variance"` keeps the first zero-variance groups
-instead (GRPO's behaviour, step shrunk). When a process has found no informative group at
-all, both fall back to zero-variance groups (the step carries no policy gradient there).
+Cap hit (the paper has no cap: it samples until the batch is full, and never repeats a group):
+`dynamic_sampling_fill="drop"` (default) trains on the kept groups found and nothing else.
+TRL splits a batch of fixed shape, so the missing slots hold dropped groups with zero loss
+weight (TRL's `tool_mask` = 0 on their rows), and `num_items_in_batch` counts the kept
+groups' tokens only: with DAPO's token-level loss the step is exactly the token mean over the
+kept groups, the step a smaller batch would take. Repeating kept groups instead would
+double-count their samples (the same rollouts weighted 2x, a different objective from Eq.
+(11)'s). `"zero_variance"` trains on dropped groups in those slots (GRPO's behaviour: zero
+advantage, but their tokens enter the denominator and shrink the step). When a process has
+found no kept group at all, its step carries no policy gradient either way.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from trl.trainer.utils import pad
 from poise_trl import estimators
 from poise_trl.trainers.base import AdvantageTrainer
 
-FILL_MODES = ("repeat", "zero_variance")
+FILL_MODES = ("drop", "zero_variance")
 DAPO_STATE_FILE = "dapo_state.json"
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")  # left-padded; every other (B, W) tensor is right-padded
 
@@ -61,15 +65,22 @@ class DAPOConfig(GRPOConfig):
     """GRPOConfig plus DAPO's dynamic sampling and overlong reward shaping."""
 
     dynamic_sampling: bool = field(
-        default=True, metadata={"help": "Drop groups whose rewards are all equal and generate more prompts instead."}
+        default=True,
+        metadata={"help": "Drop groups that are all correct or all wrong (DAPO Eq. 11) and generate more prompts "
+                          "instead."},
     )
     max_generation_rounds: int = field(
         default=4, metadata={"help": "Cap on generation rounds per batch (1 = no extra rounds)."}
     )
     dynamic_sampling_fill: str = field(
-        default="repeat",
-        metadata={"help": "When the cap is hit short of informative groups: 'repeat' informative groups, or keep "
-                          "'zero_variance' groups."},
+        default="drop",
+        metadata={"help": "When the cap is hit short of kept groups: 'drop' (train on the kept groups only, the "
+                          "others get zero loss weight) or 'zero_variance' (train on dropped groups too, GRPO-like)."},
+    )
+    correct_reward_threshold: float = field(
+        default=1.0,
+        metadata={"help": "A rollout is correct for the dynamic-sampling filter when the FIRST reward function "
+                          "(the verifier, e.g. math_accuracy) gives at least this."},
     )
     overlong_buffer_length: int | None = field(
         default=None,
@@ -99,33 +110,22 @@ DAPO_DEFAULTS = {"epsilon": 0.2, "epsilon_high": 0.28, "loss_type": "dapo", "bet
 # ---------------------------------------------------------------------------------------
 
 
-def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """(B,) rewards -> (B // G,) bool: the group's rewards are not all equal (non-zero GRPO advantage)."""
-    grouped = rewards.view(-1, group_size)
-    return grouped.amax(dim=1) > grouped.amin(dim=1)
+def select_groups(kept: list[bool], target: int, fill: str = "drop") -> tuple[list[int], list[bool]]:
+    """The `target` groups that fill the batch, from groups generated so far (in order), and
+    whether each one is in the loss.
 
-
-def select_groups(informative: list[bool], target: int, fill: str = "repeat") -> list[int]:
-    """Indices of the `target` groups to train on, from groups generated so far (in order).
-
-    The first `target` informative groups; if there are fewer (the round cap was hit), the
-    missing ones are filled per `fill` (see the module docstring). Never returns a
-    zero-variance group while at least one informative group exists, unless
-    fill="zero_variance".
+    The first `target` kept groups (in the loss); if there are fewer (the round cap was hit),
+    the missing slots take the first dropped groups, out of the loss with fill="drop" and in
+    it with fill="zero_variance" (see the module docstring). No group appears twice.
     """
     if fill not in FILL_MODES:
         raise ValueError(f"fill must be one of {FILL_MODES}, got {fill!r}")
-    good = [i for i, ok in enumerate(informative) if ok]
-    chosen = good[:target]
+    chosen = [i for i, ok in enumerate(kept) if ok][:target]
     missing = target - len(chosen)
-    if missing == 0:
-        return chosen
-    if fill == "repeat" and good:
-        return chosen + [good[j % len(good)] for j in range(missing)]
-    flat = [i for i, ok in enumerate(informative) if not ok]
+    flat = [i for i, ok in enumerate(kept) if not ok]
     if len(flat) < missing:
-        raise ValueError(f"only {len(informative)} groups generated for a target of {target}")
-    return chosen + flat[:missing]
+        raise ValueError(f"only {len(kept)} groups generated for a target of {target}")
+    return chosen + flat[:missing], [True] * len(chosen) + [fill == "zero_variance"] * missing
 
 
 def needs_another_round(informative_per_process: torch.Tensor, target: int, rounds_done: int, max_rounds: int) -> bool:
@@ -168,7 +168,7 @@ def merge_batches(outputs: list[dict], rows: list[tuple[int, int]], pad_token_id
 
 
 class DAPOTrainer(AdvantageTrainer):
-    """GRPO advantages on overlong-shaped rewards, with dynamic sampling of informative groups."""
+    """GRPO advantages on overlong-shaped rewards, with dynamic sampling of groups with 0 < #correct < G."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -178,7 +178,7 @@ class DAPOTrainer(AdvantageTrainer):
             raise ValueError("DAPO's dynamic sampling draws extra prompts by index: it needs a map-style train dataset")
         self._extra_prompts = None
         self.extra_batches_drawn = 0  # position of the extra-prompt stream, saved with checkpoints
-        self._round_rewards = None
+        self._round_correct = None
         self._round_lengths = None
         self.dynamic_sampling_history: list[dict] = []
 
@@ -188,6 +188,8 @@ class DAPOTrainer(AdvantageTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         lengths = torch.tensor([len(ids) for ids in completion_ids_list], device=self.accelerator.device)
         self._round_lengths = self.accelerator.gather(lengths)
+        # Already gathered by TRL; the first reward function is the verifier (DAPO Eq. (11)).
+        self._round_correct = rewards_per_func[:, 0] >= self.args.correct_reward_threshold
         return rewards_per_func
 
     def compute_advantages(self, rewards, output):
@@ -199,7 +201,6 @@ class DAPOTrainer(AdvantageTrainer):
             self._metrics["train"]["dapo/overlong_penalty_mean"].append(penalty.mean().item())
             self._metrics["train"]["dapo/overlong_penalized_frac"].append((penalty < 0).float().mean().item())
             rewards = rewards + penalty
-        self._round_rewards = rewards
         return self.local_rows(estimators.group_normalized_advantages(rewards, self.num_generations))
 
     # -- dynamic sampling -----------------------------------------------------------------------
@@ -209,22 +210,29 @@ class DAPOTrainer(AdvantageTrainer):
             return super()._generate_and_score_completions(inputs)
         group_size, n_proc, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         target = len(inputs) // group_size
-        outputs, informative = [], []
+        outputs, kept = [], []
         batch = inputs
         while True:
             outputs.append(super()._generate_and_score_completions(batch))
             # (num_processes, groups this round): global rewards come in process order.
-            informative.append(informative_groups(self._round_rewards, group_size).view(n_proc, -1).cpu())
-            so_far = torch.cat(informative, dim=1)
+            kept.append(estimators.dapo_keep_groups(self._round_correct, group_size).view(n_proc, -1).cpu())
+            so_far = torch.cat(kept, dim=1)
             if not needs_another_round(so_far, target, len(outputs), self.args.max_generation_rounds):
                 break
             batch = self._next_extra_batch(len(inputs))
         fill = self.args.dynamic_sampling_fill
         plans = [select_groups(so_far[p].tolist(), target, fill) for p in range(n_proc)]
-        groups_per_round = informative[0].shape[1]
+        groups_per_round = kept[0].shape[1]
+        groups, in_loss = plans[rank]
         rows = [(g // groups_per_round, (g % groups_per_round) * group_size + j)
-                for g in plans[rank] for j in range(group_size)]
+                for g in groups for j in range(group_size)]
         merged = merge_batches(outputs, rows, self.processing_class.pad_token_id)
+        if not all(in_loss):
+            # TRL's loss mask is completion_mask * tool_mask: zero on the rows of groups out of the loss.
+            weight = torch.tensor(in_loss, device=merged["completion_mask"].device).repeat_interleave(group_size)
+            tool_mask = merged.get("tool_mask")
+            tool_mask = torch.ones_like(merged["completion_mask"]) if tool_mask is None else tool_mask
+            merged["tool_mask"] = tool_mask * weight.unsqueeze(1).to(tool_mask.dtype)
         loss_mask = merged["completion_mask"] if merged.get("tool_mask") is None else merged["completion_mask"] * merged["tool_mask"]
         merged["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._log_dynamic_sampling(so_far, plans, target, len(outputs))
@@ -284,28 +292,35 @@ class DAPOTrainer(AdvantageTrainer):
             self.extra_batches_drawn = 0
         self._extra_prompts = None
 
-    def _log_dynamic_sampling(self, informative: torch.Tensor, plans: list[list[int]], target: int, rounds: int) -> None:
-        """Global counts (every process computes the same numbers from the same tensor)."""
-        generated = informative.numel()
-        found = int(informative.sum())
-        kept_informative = sum(int(informative[p, plan].sum()) for p, plan in enumerate(plans))
-        distinct = sum(len(set(plan)) for plan in plans)
+    def _log_dynamic_sampling(self, kept: torch.Tensor, plans: list[tuple[list[int], list[bool]]], target: int,
+                              rounds: int) -> None:
+        """Global counts (every process computes the same numbers from the same tensor).
+
+        `informative_groups` are those Eq. (11) keeps; `trained_groups` those in the loss;
+        `zero_weight_groups` fill the batch shape out of the loss (fill="drop" at the cap);
+        `dropped_groups` = generated - trained.
+        """
+        generated = int(kept.numel())
+        trained = sum(sum(in_loss) for _, in_loss in plans)
+        trained_informative = sum(int(kept[p, [g for g, w in zip(groups, in_loss, strict=True) if w]].sum())
+                                  for p, (groups, in_loss) in enumerate(plans))
         record = {
             "step": self.state.global_step,
             "rounds": rounds,
             "generated_groups": generated,
-            "informative_groups": found,
-            "first_round_informative": int(informative[:, :target].sum()),
-            "trained_groups": target * len(plans),
-            "repeated_groups": target * len(plans) - distinct,
-            "zero_variance_trained": target * len(plans) - kept_informative,
-            "dropped_groups": generated - distinct,
+            "informative_groups": int(kept.sum()),
+            "first_round_informative": int(kept[:, :target].sum()),
+            "trained_groups": trained,
+            "zero_weight_groups": target * len(plans) - trained,
+            "zero_variance_trained": trained - trained_informative,
+            "dropped_groups": generated - trained,
             "generated_rollouts": generated * self.num_generations,
-            "trained_rollouts": target * len(plans) * self.num_generations,
+            "trained_rollouts": trained * self.num_generations,
         }
         self.dynamic_sampling_history.append(record)
         metrics = self._metrics["train"]
-        for key in ("rounds", "generated_groups", "informative_groups", "repeated_groups", "dropped_groups",
-                    "zero_variance_trained"):
+        for key in ("rounds", "generated_groups", "informative_groups", "trained_groups", "zero_weight_groups",
+                    "dropped_groups", "zero_variance_trained"):
             metrics[f"dapo/{key}"].append(float(record[key]))
-        metrics["dapo/generated_per_trained"].append(record["generated_rollouts"] / record["trained_rollouts"])
+        if record["trained_rollouts"]:
+            metrics["dapo/generated_per_trained"].append(record["generated_rollouts"] / record["trained_rollouts"])

@@ -66,11 +66,18 @@ class POISEConfig(GRPOConfig):
     probe_domain_column: str | None = field(
         default=None, metadata={"help": "Dataset column keying a separate probe + buffer per domain."}
     )
+    probe_fit: str = field(
+        default="fast",
+        metadata={"help": "PCA of the probe refit: 'fast' (randomized subspace iteration warm-started from "
+                          "the previous step, O(N d k)) or 'exact' (eigh of the d x d scatter, O(d^3))."},
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.num_generations < 2:
             raise ValueError("POISE needs num_generations >= 2: each rollout's baseline comes from another rollout")
+        if self.probe_fit not in ("fast", "exact"):
+            raise ValueError(f"probe_fit must be 'fast' or 'exact', got {self.probe_fit!r}")
 
 
 POISE_DEFAULTS = {
@@ -97,18 +104,25 @@ class POISETrainer(AdvantageTrainer):
             capacity_rows=cfg.probe_buffer_rows,
             bootstrap_steps=cfg.probe_bootstrap_steps,
             per_domain=cfg.probe_domain_column is not None,
+            fit_method=cfg.probe_fit,
+            device=self._probe_device(),
         )
         think_end = self.processing_class.convert_tokens_to_ids("</think>")
         # Without a `</think>` token the response vector pools the last completion tokens.
         self.think_end_id = think_end if think_end != self.processing_class.unk_token_id else -1
         self.probe_layer_index = self._resolve_layer()
         self.probe_history: list[dict] = []
-        self.policy_forward_passes = 0
         self._capture_armed = False
         self._step_features: RolloutFeatures | None = None
         self.check_groups_stay_on_one_process(
             "a prompt's rollouts would straddle two processes and the cross-rollout pairs would break"
         )
+
+    def _probe_device(self) -> torch.device:
+        """The probe refits on the policy's GPU when it has one (the refit is in the step's critical
+        path, and there it takes milliseconds), else on the CPU."""
+        device = self.accelerator.device
+        return device if device.type == "cuda" else torch.device("cpu")
 
     def _resolve_layer(self) -> int:
         from poise_trl.features import resolve_layer_index
@@ -127,8 +141,6 @@ class POISETrainer(AdvantageTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                            batch_size=None, compute_entropy=False, **kwargs):
-        if model is self.model:
-            self.policy_forward_passes += 1
         if not self._capture_armed or model is not self.model or torch.is_grad_enabled():
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
@@ -250,7 +262,7 @@ class POISETrainer(AdvantageTrainer):
                 "POISETrainer, or was copied without it. Resuming would silently restart the probe; start a fresh "
                 "run instead, or resume from a POISE checkpoint."
             )
-        self.value_estimator = ProbeEstimator.load(checkpoint)
+        self.value_estimator = ProbeEstimator.load(checkpoint, device=self._probe_device())
 
 
 @dataclass

@@ -6,7 +6,7 @@ Small pure functions on torch tensors. Conventions:
 - Token-level tensors are (B, T), right-padded, with a (B, T) 0/1 `mask` (1 = real token).
   Padding positions of inputs may hold anything (even inf/nan); outputs are 0 there.
 
-Seeds (in /work/shared/seeds/): 000 POISE, 001 AsyPPO, 002 training-free process rewards,
+Seeds (in ../shared/seeds/): 000 POISE, 001 AsyPPO, 002 training-free process rewards,
 003 VAPO, 004 REINFORCE++. Equation numbers refer to those texts unless stated otherwise.
 """
 

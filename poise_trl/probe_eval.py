@@ -56,7 +56,7 @@ from poise_trl.generation import (
     start_engine,
 )
 from poise_trl.probe import LinearValueProbe, _pearson
-from poise_trl.provenance import package_versions, write_json
+from poise_trl.provenance import package_versions, write_json, write_text
 from poise_trl.rewards import answer_to_str, is_correct
 
 # poise-spec: the reference run's max response; names `poise bench` knows use their budget (toy-arith: 96).
@@ -376,9 +376,8 @@ def load_or_sample_rollouts(
     groups = sample_rollouts(policy, dataset, settings, batch_size, progress)
     cache_dir.mkdir(parents=True, exist_ok=True)
     write_json(cache_dir / "settings.json", settings)
-    tmp = path.with_suffix(".jsonl.tmp")  # write-then-rename: a killed run leaves no half cache
-    tmp.write_text("".join(json.dumps(g, ensure_ascii=False) + "\n" for g in groups))
-    os.replace(tmp, path)
+    # write-then-rename: a killed run leaves no half cache
+    write_text(path, "".join(json.dumps(g, ensure_ascii=False) + "\n" for g in groups))
     return groups, True
 
 

@@ -20,11 +20,15 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def write_json(path: str | Path, payload: dict) -> Path:
-    """Write through a temporary file so an interrupted run never leaves half a report."""
+def write_text(path: str | Path, text: str) -> Path:
+    """Write through a temporary file, then rename: an interrupted run never leaves half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
     tmp.replace(path)
     return path
+
+
+def write_json(path: str | Path, payload: dict) -> Path:
+    return write_text(path, json.dumps(payload, indent=2, default=str) + "\n")

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from poise_trl.provenance import write_json
+
 
 class _RecipeLoader(yaml.SafeLoader):
     """YAML 1.1 reads `1e-6` as a string; recipes are full of such learning rates."""
@@ -329,9 +331,7 @@ def write_checkpoint_marker(folder: Path, step: int) -> None:
     """Call after everything else of the checkpoint is written (write then rename)."""
     files = {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
              if p.is_file() and p.name != CHECKPOINT_MARKER and not p.name.endswith(".tmp")}
-    tmp = folder / (CHECKPOINT_MARKER + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "files": files}, indent=1))
-    tmp.replace(folder / CHECKPOINT_MARKER)
+    write_json(folder / CHECKPOINT_MARKER, {"step": step, "files": files})
 
 
 @dataclass

@@ -25,7 +25,7 @@ from poise_trl.generation import (
     resolve_engine,
     training_generation_record,
 )
-from poise_trl.provenance import package_versions, write_json
+from poise_trl.provenance import package_versions, write_json, write_text
 from poise_trl.recipe import (
     RecipeError,
     RunFolder,
@@ -251,13 +251,6 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write then rename: an interrupted write never leaves half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 @contextmanager

@@ -446,3 +446,32 @@ def extract_features(
         )
         for layer, (prompt, response) in pooled.items()
     }
+
+
+def extract_prompt_vectors(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    layer: int,
+    batch_size: int,
+    n_pool: int = 10,
+) -> torch.Tensor:
+    """Prompt vectors (B, d) float32 CPU from a prefill-only no-grad pass over the prompts.
+
+    Attention is causal, so a prompt position's hidden state does not depend on what follows it:
+    these are the prompt vectors the rollout pass would produce (pads are masked and RoPE sees
+    only relative positions, so a different left padding changes them by rounding only). Only
+    the last position's logits are computed (`logits_to_keep=1`); the mode is left as it is
+    (TRL's own no-grad passes run in train mode too).
+    """
+    device = next(model.parameters()).device
+    empty = prompt_ids.new_zeros(prompt_ids.shape[0], 0)
+    with torch.no_grad(), HiddenStateCapture(model, [layer], n_pool) as cap:
+        cap.set_batch(prompt_mask, empty, empty, think_end_id=-1)
+        with cap.capturing():
+            for start in range(0, prompt_ids.shape[0], batch_size):
+                rows = slice(start, start + batch_size)
+                model(input_ids=prompt_ids[rows].to(device), attention_mask=prompt_mask[rows].to(device),
+                      use_cache=False, logits_to_keep=1)
+        ((prompt, _),) = cap.pop().values()
+    return prompt

@@ -39,6 +39,9 @@ _F64 = torch.float64
 
 
 FIT_METHODS = ("fast", "exact")
+# "full": [prompt, response, entropy] (poise-spec); "prompt": the prompt vector alone, a value of the
+# prompt that can be read before any rollout exists (the prompt-only baseline, probe-guided selection).
+PROBE_INPUTS = ("full", "prompt")
 # At d <= 512 the exact eigh costs milliseconds: "fast" uses it there (the toy model, d=128, is
 # fit exactly either way).
 EXACT_PCA_MAX_DIM = 512
@@ -135,6 +138,7 @@ class LinearValueProbe:
     intercept is not penalized (it is the target mean, since standardized features are centered).
     `fit_method="fast"` warm-starts the PCA from this probe's previous fit (see the module
     docstring); `device` is where the fit runs, the fitted state always lives on the CPU.
+    `inputs="prompt"` regresses on the prompt vector alone (response and entropies ignored).
     """
 
     def __init__(
@@ -145,11 +149,15 @@ class LinearValueProbe:
         use_pca: bool = True,
         fit_method: str = "fast",
         device: str | torch.device = "cpu",
+        inputs: str = "full",
     ):
         if ridge_alpha <= 0:
             raise ValueError(f"ridge_alpha must be > 0, got {ridge_alpha}")
         if fit_method not in FIT_METHODS:
             raise ValueError(f"fit_method must be one of {FIT_METHODS}, got {fit_method!r}")
+        if inputs not in PROBE_INPUTS:
+            raise ValueError(f"inputs must be one of {PROBE_INPUTS}, got {inputs!r}")
+        self.inputs = inputs
         self.prompt_components = prompt_components
         self.response_components = response_components
         self.ridge_alpha = float(ridge_alpha)
@@ -168,7 +176,12 @@ class LinearValueProbe:
             "ridge_alpha": self.ridge_alpha,
             "use_pca": self.use_pca,
             "fit_method": self.fit_method,
+            "inputs": self.inputs,
         }
+
+    @property
+    def _parts(self) -> tuple[str, ...]:
+        return ("prompt",) if self.inputs == "prompt" else ("prompt", "response")
 
     @property
     def is_fitted(self) -> bool:
@@ -178,6 +191,9 @@ class LinearValueProbe:
     def feature_names(self) -> list[str]:
         """Names of the regression inputs, in order (after PCA when `use_pca`)."""
         state = self._fitted_state()
+        if self.inputs == "prompt":
+            k = state["prompt_components"].shape[0] if self.use_pca else state["coef"].shape[0]
+            return [f"prompt_pc{i}" if self.use_pca else f"prompt_{i}" for i in range(k)]
         if self.use_pca:
             kp, kr = state["prompt_components"].shape[0], state["response_components"].shape[0]
             names = [f"prompt_pc{i}" for i in range(kp)] + [f"response_pc{i}" for i in range(kr)]
@@ -193,11 +209,13 @@ class LinearValueProbe:
 
     def _inputs(self, features: RolloutFeatures, state: dict[str, torch.Tensor]) -> torch.Tensor:
         """Unstandardized regression inputs (N, D) in float64."""
-        prompt, response = features.prompt.to(_F64), features.response.to(_F64)
-        if self.use_pca:
-            prompt = (prompt - state["prompt_mean"]) @ state["prompt_components"].T
-            response = (response - state["response_mean"]) @ state["response_components"].T
-        return torch.cat([prompt, response, features.entropy.to(_F64)], dim=1)
+        columns = []
+        for name in self._parts:
+            x = getattr(features, name).to(_F64)
+            columns.append((x - state[f"{name}_mean"]) @ state[f"{name}_components"].T if self.use_pca else x)
+        if self.inputs == "full":
+            columns.append(features.entropy.to(_F64))
+        return torch.cat(columns, dim=1)
 
     def fit(self, features: RolloutFeatures, targets: torch.Tensor) -> LinearValueProbe:
         """Fit on all rows (closed-form ridge; the fast PCA only starts from the previous components)."""
@@ -212,8 +230,9 @@ class LinearValueProbe:
             raise ValueError("fit got non-finite features or targets")
         state: dict[str, torch.Tensor] = {}
         inputs = []
-        for name, k in (("prompt", self.prompt_components), ("response", self.response_components)):
-            x = getattr(features, name).to(self.device)
+        components = {"prompt": self.prompt_components, "response": self.response_components}
+        for name in self._parts:
+            k, x = components[name], getattr(features, name).to(self.device)
             if not self.use_pca:
                 inputs.append(x.to(_F64))
                 continue
@@ -224,7 +243,8 @@ class LinearValueProbe:
                 mean, comps, projections = _fit_pca_fast(x, k, previous)
             inputs.append(projections)
             state[f"{name}_mean"], state[f"{name}_components"] = mean.cpu(), comps.cpu()
-        x = torch.cat([t.cpu() for t in inputs] + [features.entropy.to(_F64)], dim=1)
+        entropy = [features.entropy.to(_F64)] if self.inputs == "full" else []
+        x = torch.cat([t.cpu() for t in inputs] + entropy, dim=1)
         mean, std = x.mean(0), x.std(0, unbiased=False)
         # A constant column (std at rounding level of its mean) carries no signal: scale it to 0.
         inv_scale = torch.where(std > 1e-12 * mean.abs(), 1.0 / std, 0.0)
@@ -254,7 +274,7 @@ class LinearValueProbe:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         expected = {"feature_mean", "feature_inv_scale", "coef", "intercept"}
         if self.use_pca:
-            expected |= {"prompt_mean", "prompt_components", "response_mean", "response_components"}
+            expected |= {f"{name}_{part}" for name in self._parts for part in ("mean", "components")}
         if set(state) != expected:
             raise ValueError(
                 f"probe state (use_pca={self.use_pca}) needs keys {sorted(expected)}, got {sorted(state)}"
@@ -364,6 +384,11 @@ class ProbeEstimator:
     from a step is neither appended nor refit. Unavailable rows (domain without a fitted probe)
     predict NaN so that forgetting to check `available` fails loudly instead of silently using a
     baseline of 0. `device` is where the fits run (not part of the saved config).
+
+    `inputs="prompt"` makes the baselines a value of the prompt alone. `prompt_probe=True` fits,
+    beside each domain's probe and on the same buffer rows and targets, a second probe on the
+    prompt vector alone (`predict_prompts`): it scores prompts before any rollout exists, for
+    probe-guided prompt selection. Both are refit at the same moments and saved together.
     """
 
     def __init__(
@@ -377,16 +402,20 @@ class ProbeEstimator:
         per_domain: bool = False,
         fit_method: str = "fast",
         device: str | torch.device = "cpu",
+        inputs: str = "full",
+        prompt_probe: bool = False,
     ):
         self.probe_config = LinearValueProbe(
-            prompt_components, response_components, ridge_alpha, use_pca, fit_method
+            prompt_components, response_components, ridge_alpha, use_pca, fit_method, inputs=inputs
         ).config
+        self.prompt_probe = prompt_probe
         self.device = torch.device(device)
         self.capacity_rows = capacity_rows
         self.bootstrap_steps = bootstrap_steps
         self.per_domain = per_domain
         self.steps_seen = 0
         self.probes: dict[str, LinearValueProbe] = {}
+        self.prompt_probes: dict[str, LinearValueProbe] = {}
         self.buffers: dict[str, GroupBuffer] = {}
         self.domain_steps: dict[str, int] = {}
         self.refit_counts: dict[str, int] = {}
@@ -398,7 +427,12 @@ class ProbeEstimator:
             "capacity_rows": self.capacity_rows,
             "bootstrap_steps": self.bootstrap_steps,
             "per_domain": self.per_domain,
+            "prompt_probe": self.prompt_probe,
         }
+
+    def _new_probe(self, inputs: str | None = None) -> LinearValueProbe:
+        config = self.probe_config if inputs is None else {**self.probe_config, "inputs": inputs}
+        return LinearValueProbe(**config, device=self.device)
 
     @property
     def in_bootstrap(self) -> bool:
@@ -433,6 +467,31 @@ class ProbeEstimator:
         available = torch.zeros(len(features), dtype=torch.bool)
         for key, idx in self._rows_by_domain(self._domain_keys(len(features), domains)).items():
             probe = self.probes.get(key)
+            if probe is not None and probe.is_fitted:
+                predictions[idx] = probe.predict(features[idx])
+                available[idx] = True
+        return predictions, available
+
+    def predict_prompts(
+        self, prompt_vectors: torch.Tensor, domains: Sequence[str] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like `predict`, from prompt vectors (B, d) alone: the expected reward of a prompt before
+        it is rolled out, from the prompt-only probes (`prompt_probe=True`), or from the main
+        probes when they are prompt-only themselves (`inputs="prompt"`)."""
+        if self.prompt_probe:
+            probes = self.prompt_probes
+        elif self.probe_config["inputs"] == "prompt":
+            probes = self.probes
+        else:
+            raise RuntimeError("this ProbeEstimator has no prompt-only probe: construct it with prompt_probe=True "
+                               "or inputs='prompt'")
+        n, d = prompt_vectors.shape
+        # The prompt-only probe reads the prompt vector alone; the other inputs are placeholders.
+        features = RolloutFeatures(prompt_vectors, torch.zeros(n, d), torch.zeros(n, len(ENTROPY_NAMES)))
+        predictions = torch.full((n,), float("nan"))
+        available = torch.zeros(n, dtype=torch.bool)
+        for key, idx in self._rows_by_domain(self._domain_keys(n, domains)).items():
+            probe = probes.get(key)
             if probe is not None and probe.is_fitted:
                 predictions[idx] = probe.predict(features[idx])
                 available[idx] = True
@@ -475,7 +534,9 @@ class ProbeEstimator:
             self.buffers.setdefault(key, GroupBuffer(self.capacity_rows)).append(
                 features[idx], targets[idx], group_size
             )
-            self.probes.setdefault(key, LinearValueProbe(**self.probe_config, device=self.device))
+            self.probes.setdefault(key, self._new_probe())
+            if self.prompt_probe:
+                self.prompt_probes.setdefault(key, self._new_probe("prompt"))
             self.domain_steps[key] = self.domain_steps.get(key, 0) + 1
             self.refit_counts.setdefault(key, 0)
         # The step that ends the bootstrap fits every domain collected so far, later steps the
@@ -490,6 +551,8 @@ class ProbeEstimator:
         for key in to_fit:
             buffer, probe = self.buffers[key], self.probes[key]
             probe.fit(buffer.features, buffer.targets)
+            if self.prompt_probe:
+                self.prompt_probes[key].fit(buffer.features, buffer.targets)
             self.refit_counts[key] += 1
             fitted, observed = probe.insample_predictions.double(), buffer.targets.double()
             prefix = f"{key}/" if self.per_domain else ""
@@ -510,6 +573,8 @@ class ProbeEstimator:
             probe = self.probes[key]
             if probe.is_fitted:
                 tensors |= {f"domain{i}.probe.{name}": t for name, t in probe.state_dict().items()}
+            if self.prompt_probe and self.prompt_probes[key].is_fitted:
+                tensors |= {f"domain{i}.prompt_probe.{name}": t for name, t in self.prompt_probes[key].state_dict().items()}
             tensors |= {f"domain{i}.buffer.{name}": t for name, t in self.buffers[key].state_dict().items()}
             domains.append(
                 {
@@ -557,6 +622,9 @@ class ProbeEstimator:
             config, domains, steps_seen = meta["config"], meta["domains"], int(meta["steps_seen"])
             # Files written before `fit_method` existed were fit exactly: keep resuming them so.
             config.setdefault("fit_method", "exact")
+            # ... and before prompt-only probes existed, on the full features with none beside them.
+            config.setdefault("inputs", "full")
+            config.setdefault("prompt_probe", False)
             if meta.get("format") != "poise_probe" or meta.get("format_version") != FORMAT_VERSION:
                 raise ValueError(
                     f"format {meta.get('format')!r} v{meta.get('format_version')}, expected poise_probe v{FORMAT_VERSION}"
@@ -580,9 +648,13 @@ class ProbeEstimator:
                 key = entry["name"]
                 est.buffers[key] = GroupBuffer(est.capacity_rows)
                 est.buffers[key].load_state_dict(_with_prefix(tensors, f"domain{i}.buffer."))
-                est.probes[key] = LinearValueProbe(**est.probe_config, device=est.device)
+                est.probes[key] = est._new_probe()
                 if entry["fitted"]:
                     est.probes[key].load_state_dict(_with_prefix(tensors, f"domain{i}.probe."))
+                if est.prompt_probe:
+                    est.prompt_probes[key] = est._new_probe("prompt")
+                    if entry["fitted"]:
+                        est.prompt_probes[key].load_state_dict(_with_prefix(tensors, f"domain{i}.prompt_probe."))
                 est.domain_steps[key] = int(entry["steps"])
                 est.refit_counts[key] = int(entry["refit_count"])
         except (KeyError, ValueError, TypeError) as err:

@@ -9,6 +9,9 @@ with an estimator from `poise_trl.estimators`, before TRL's shuffle splits group
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 import torch
 from trl import GRPOTrainer
 
@@ -111,3 +114,34 @@ class AdvantageTrainer(CountingGRPOTrainer):
         variance = (squares - count * mean**2) / (count - 1) if count > 1 else 0.0
         self._metrics["train"]["advantages/mean"].append(mean)
         self._metrics["train"]["advantages/std"].append(max(variance, 0.0) ** 0.5)
+
+
+class PromptStream:
+    """Batches of train-set indices beyond TRL's sampler, for trainers that need more prompts than
+    one generation batch (DAPO's extra rounds, POISE's selection pool).
+
+    A seeded permutation of the train set per pass, the same on every process; each process
+    takes its own slice of every batch (as TRL's RepeatSampler deals prompts). `start` skips the
+    batches served before a resume (index lists only: no prompt is loaded for it), so a resumed
+    run draws the prompts the uninterrupted run would have.
+    """
+
+    def __init__(self, size: int, prompts_per_process: int, num_processes: int, rank: int, seed: int,
+                 start: int = 0):
+        per_batch = prompts_per_process * num_processes
+        if size < per_batch:
+            raise ValueError(f"the train set has {size} prompts, fewer than one batch of extra prompts ({per_batch})")
+        self.size, self.prompts_per_process, self.num_processes, self.rank = size, prompts_per_process, num_processes, rank
+        self.seed = seed
+        self._batches = itertools.islice(self._all_batches(), start, None)
+
+    def _all_batches(self) -> Iterator[list[int]]:
+        generator = torch.Generator().manual_seed(self.seed)
+        per_batch, mine = self.prompts_per_process * self.num_processes, self.prompts_per_process
+        while True:
+            order = torch.randperm(self.size, generator=generator).tolist()
+            for start in range(0, len(order) - per_batch + 1, per_batch):
+                yield order[start + self.rank * mine : start + (self.rank + 1) * mine]
+
+    def __next__(self) -> list[int]:
+        return next(self._batches)

@@ -42,7 +42,6 @@ found no kept group at all, its step carries no policy gradient either way.
 
 from __future__ import annotations
 
-import itertools
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from trl import GRPOConfig
 from trl.trainer.utils import pad
 
 from poise_trl import estimators
-from poise_trl.trainers.base import AdvantageTrainer
+from poise_trl.trainers.base import AdvantageTrainer, PromptStream
 
 FILL_MODES = ("drop", "zero_variance")
 DAPO_STATE_FILE = "dapo_state.json"
@@ -240,27 +239,15 @@ class DAPOTrainer(AdvantageTrainer):
 
     def _next_extra_batch(self, rows: int) -> list[dict]:
         if self._extra_prompts is None:
-            # A fresh stream, fast-forwarded past the batches served before a resume; skipping
-            # index lists, not rows, so no prompt is loaded for it.
-            indices = self._extra_prompt_indices(rows // self.num_generations)
-            self._extra_prompts = itertools.islice(indices, self.extra_batches_drawn, None)
+            # A fresh stream, fast-forwarded past the batches served before a resume; + 1 on the
+            # seed: not the order of TRL's sampler.
+            self._extra_prompts = PromptStream(
+                len(self.train_dataset), rows // self.num_generations, self.accelerator.num_processes,
+                self.accelerator.process_index, seed=self.args.seed + 1, start=self.extra_batches_drawn,
+            )
         mine = next(self._extra_prompts)
         self.extra_batches_drawn += 1
         return [self.train_dataset[i] for i in mine for _ in range(self.num_generations)]
-
-    def _extra_prompt_indices(self, prompts_per_process: int):
-        """Endless dataset indices for extra rounds: a seeded permutation of the train set per
-        pass, the same on every process; each process takes its slice of every batch."""
-        n_proc, rank = self.accelerator.num_processes, self.accelerator.process_index
-        per_batch = prompts_per_process * n_proc
-        size = len(self.train_dataset)
-        if size < per_batch:
-            raise ValueError(f"the train set has {size} prompts, fewer than one generation batch ({per_batch})")
-        generator = torch.Generator().manual_seed(self.args.seed + 1)  # + 1: not the order of TRL's sampler
-        while True:
-            order = torch.randperm(size, generator=generator).tolist()
-            for start in range(0, len(order) - per_batch + 1, per_batch):
-                yield order[start + rank * prompts_per_process : start + (rank + 1) * prompts_per_process]
 
     # -- checkpoints ----------------------------------------------------------------------------
 

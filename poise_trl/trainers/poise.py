@@ -18,23 +18,57 @@ Flow of one generation round inside TRL's `_generate_and_score_completions`:
    the out-of-sample probe metrics, THEN append the batch to the buffer and refit. During
    the first `probe_bootstrap_steps` rounds there is no probe: RLOO (A_1 = r_1 - r_2).
 5. TRL shuffles, splits and runs its clipped token-level loss on the frozen advantages.
+
+Beyond the paper, two options (both off by default):
+
+- `probe_inputs: prompt`: the probe reads the prompt vector alone, so the baseline is a value of
+  the prompt, b(x): the control that tells the response features' share of the gain from the
+  prompt's.
+- `prompt_selection: true` (probe-guided prompt selection): before generation, a prompt-only
+  probe (fitted on the same buffer rows and targets as the main probe) scores a pool of
+  `prompt_selection_pool` x the step's prompts (TRL's batch plus prompts from a seeded stream)
+  from a prefill-only pass over the prompts, and the step rolls out the same number of prompts
+  as without selection: a random floor of `prompt_selection_random_fraction` of them drawn
+  uniformly from the pool, the rest those with the highest predicted p(1 - p) (a pair whose
+  rewards must differ to carry a learning signal does so with probability 2p(1 - p)). The
+  prefill's prompt tokens are charged to the token budget like generated tokens, and its time
+  is inside the training seconds.
+
+  What selection changes about the objective: it changes WHICH prompts the step averages over,
+  i.e. it reweights the prompt distribution toward prompts the probe thinks are neither always
+  nor never solved (every prompt keeps a positive probability through the random floor). Given
+  a selected prompt, the rollouts are sampled from the policy as before and the cross-rollout
+  advantage A_1 = r_1 - g(z_2) is computed exactly as without selection, so the per-prompt
+  gradient estimate stays unbiased for that prompt's gradient; the step estimates the gradient
+  of the reweighted objective sum_x w(x) J(x), not of the uniform one.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import pad
 
 from poise_trl import estimators
-from poise_trl.features import HiddenStateCapture, RolloutFeatures, build_rollout_features, decoder_layers
-from poise_trl.probe import ProbeEstimator, probe_metrics
+from poise_trl.features import (
+    HiddenStateCapture,
+    RolloutFeatures,
+    build_rollout_features,
+    decoder_layers,
+    extract_prompt_vectors,
+)
+from poise_trl.probe import PROBE_INPUTS, ProbeEstimator, probe_metrics
 from poise_trl.process_rewards import ProcessRewardArguments, ProcessRewardMixin
-from poise_trl.trainers.base import AdvantageTrainer
+from poise_trl.trainers.base import AdvantageTrainer, PromptStream
 
 PROBE_STATE_FILE = "poise_probe.safetensors"
+SELECTION_STATE_FILE = "poise_selection.json"
 
 
 @dataclass
@@ -72,12 +106,58 @@ class POISEConfig(GRPOConfig):
                           "the previous step, O(N d k)) or 'exact' (eigh of the d x d scatter, O(d^3))."},
     )
 
+    probe_inputs: str = field(
+        default="full",
+        metadata={"help": "What the probe reads: 'full' (prompt + response vectors + entropies, the paper) or "
+                          "'prompt' (the prompt vector alone: a baseline b(x) of the prompt, a control)."},
+    )
+    prompt_selection: bool = field(
+        default=False,
+        metadata={"help": "Probe-guided prompt selection: score a larger pool of prompts with a prompt-only probe "
+                          "and roll out those with the highest predicted p(1-p), plus a random floor."},
+    )
+    prompt_selection_pool: int = field(
+        default=2, metadata={"help": "Candidate prompts scored per prompt rolled out (an integer >= 2)."}
+    )
+    prompt_selection_random_fraction: float = field(
+        default=0.25,
+        metadata={"help": "Share of the rolled-out prompts drawn uniformly from the pool, so that the probe keeps "
+                          "seeing the whole distribution and every prompt stays possible."},
+    )
+
     def __post_init__(self):
         super().__post_init__()
         if self.num_generations < 2:
             raise ValueError("POISE needs num_generations >= 2: each rollout's baseline comes from another rollout")
         if self.probe_fit not in ("fast", "exact"):
             raise ValueError(f"probe_fit must be 'fast' or 'exact', got {self.probe_fit!r}")
+        if self.probe_inputs not in PROBE_INPUTS:
+            raise ValueError(f"probe_inputs must be one of {PROBE_INPUTS}, got {self.probe_inputs!r}")
+        if self.prompt_selection_pool < 2:
+            raise ValueError(f"prompt_selection_pool must be an integer >= 2, got {self.prompt_selection_pool}")
+        if not 0.0 <= self.prompt_selection_random_fraction <= 1.0:
+            raise ValueError(f"prompt_selection_random_fraction must be in [0, 1], got {self.prompt_selection_random_fraction}")
+
+
+def select_prompts(predicted: torch.Tensor, k: int, random_count: int,
+                   generator: torch.Generator) -> tuple[list[int], list[bool]]:
+    """The `k` of `len(predicted)` candidate prompts to roll out, and which came from the random floor.
+
+    First `random_count` candidates uniformly without replacement (the floor), then, from the
+    rest, the `k - random_count` with the highest predicted p(1 - p) (p clipped to [0, 1]; ties
+    keep candidate order). Unavailable predictions (NaN: no fitted probe for the domain) count
+    as p = 0.5, the most informative, so a new domain gets rolled out and learned.
+    """
+    n = predicted.numel()
+    if not 0 <= random_count <= k <= n:
+        raise ValueError(f"need 0 <= random_count ({random_count}) <= k ({k}) <= candidates ({n})")
+    floor = torch.randperm(n, generator=generator)[:random_count].tolist()
+    p = torch.nan_to_num(predicted.double(), nan=0.5).clamp(0.0, 1.0)
+    informativeness = p * (1 - p)
+    informativeness[floor] = -1.0  # already chosen
+    # Stable descending sort: among equal scores the earlier candidate wins.
+    ranked = torch.sort(informativeness, descending=True, stable=True).indices[: k - random_count].tolist()
+    return floor + ranked, [True] * len(floor) + [False] * len(ranked)
 
 
 POISE_DEFAULTS = {
@@ -106,6 +186,8 @@ class POISETrainer(AdvantageTrainer):
             per_domain=cfg.probe_domain_column is not None,
             fit_method=cfg.probe_fit,
             device=self._probe_device(),
+            inputs=cfg.probe_inputs,
+            prompt_probe=cfg.prompt_selection and cfg.probe_inputs == "full",
         )
         think_end = self.processing_class.convert_tokens_to_ids("</think>")
         # Without a `</think>` token the response vector pools the last completion tokens.
@@ -117,6 +199,12 @@ class POISETrainer(AdvantageTrainer):
         self.check_groups_stay_on_one_process(
             "a prompt's rollouts would straddle two processes and the cross-rollout pairs would break"
         )
+        # Probe-guided selection: the extra-prompt stream's position and the counters (saved with
+        # checkpoints), and which rolled-out prompt groups of this step came from the random floor.
+        self.selection_batches_drawn = 0
+        self.selection_counts = {"candidates_scored": 0, "prompts_skipped": 0, "prefill_tokens": 0}
+        self._selection_stream: PromptStream | None = None
+        self._step_floor: torch.Tensor | None = None
 
     def _probe_device(self) -> torch.device:
         """The probe refits on the policy's GPU when it has one (the refit is in the step's critical
@@ -166,8 +254,70 @@ class POISETrainer(AdvantageTrainer):
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
         self._step_features = None
+        self._step_floor = None
+        if self.args.prompt_selection and not self.value_estimator.in_bootstrap:
+            inputs = self._select_prompts(inputs)
         self._capture_armed = self._trl_runs_no_grad_pass()
         return super()._generate_and_score_completions(inputs)
+
+    # -- probe-guided prompt selection (module docstring) -------------------------------------
+
+    def _select_prompts(self, inputs: list[dict]) -> list[dict]:
+        """This process's rows (k prompts x num_generations) -> the k prompts chosen from a pool of
+        `prompt_selection_pool` x k, each repeated num_generations times."""
+        cfg, group_size = self.args, self.num_generations
+        own = inputs[::group_size]
+        k = len(own)
+        if self._selection_stream is None:
+            # + 2 on the seed: neither TRL's sampler order nor DAPO's stream.
+            self._selection_stream = PromptStream(
+                len(self.train_dataset), k, self.accelerator.num_processes, self.accelerator.process_index,
+                seed=cfg.seed + 2, start=self.selection_batches_drawn,
+            )
+        candidates = list(own)
+        for _ in range(cfg.prompt_selection_pool - 1):
+            candidates += [self.train_dataset[i] for i in next(self._selection_stream)]
+            self.selection_batches_drawn += 1
+        prompt_ids, prompt_mask = self._tokenized_prompts([row["prompt"] for row in candidates])
+        with disable_gradient_checkpointing(self.model, cfg.gradient_checkpointing_kwargs):
+            vectors = extract_prompt_vectors(self.model, prompt_ids, prompt_mask, self.probe_layer_index,
+                                             cfg.per_device_train_batch_size, cfg.probe_pool_tokens)
+        domains = None
+        if cfg.probe_domain_column is not None:
+            domains = [str(row.get(cfg.probe_domain_column, "default")) for row in candidates]
+        predicted, _ = self.value_estimator.predict_prompts(vectors, domains)
+        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.state.global_step * 1_009
+                                                  + self.accelerator.process_index)
+        floor_count = min(k, math.ceil(cfg.prompt_selection_random_fraction * k))
+        chosen, from_floor = select_prompts(predicted, k, floor_count, generator)
+        self._step_floor = torch.tensor(from_floor)
+        self._log_selection(predicted, chosen, len(candidates), int(prompt_mask.sum()))
+        return [candidates[i] for i in chosen for _ in range(group_size)]
+
+    def _tokenized_prompts(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and mask, tokenized exactly as TRL tokenizes for generation."""
+        ids, _, _ = self._tokenize_prompts(prompts)
+        ids = [torch.tensor(row) for row in ids]
+        masks = [torch.ones_like(row) for row in ids]
+        pad_id = self.processing_class.pad_token_id
+        return pad(ids, padding_value=pad_id, padding_side="left"), pad(masks, padding_value=0, padding_side="left")
+
+    def _log_selection(self, predicted: torch.Tensor, chosen: list[int], scored: int, prefill_tokens: int) -> None:
+        device = self.accelerator.device
+        local = torch.tensor([scored, scored - len(chosen), prefill_tokens], device=device)
+        scored_all, skipped_all, tokens_all = self.accelerator.gather(local).view(-1, 3).sum(dim=0).tolist()
+        counts = self.selection_counts
+        counts["candidates_scored"] += int(scored_all)
+        counts["prompts_skipped"] += int(skipped_all)
+        counts["prefill_tokens"] += int(tokens_all)
+        # The prefill pass is compute spent on prompts: charged to the token budget as generated tokens.
+        self.generated_tokens += int(tokens_all)
+        self.pending_logs.update({f"selection/{name}": float(value) for name, value in counts.items()})
+        p = torch.nan_to_num(predicted, nan=0.5).clamp(0, 1)
+        informativeness = p * (1 - p)
+        metrics = self._metrics["train"]
+        metrics["selection/informativeness_pool"].append(informativeness.mean().item())
+        metrics["selection/informativeness_rolled_out"].append(informativeness[chosen].mean().item())
 
     def _features_for(self, output: dict) -> RolloutFeatures:
         """This round's features: from TRL's own no-grad pass, or from one chunked pass here."""
@@ -197,6 +347,8 @@ class POISETrainer(AdvantageTrainer):
         group_size = self.num_generations
         rewards_cpu = rewards.detach().to("cpu", torch.float32)
         domains = self._domains()
+        if self._step_floor is not None:
+            self._log_selection_outcome(rewards_cpu, group_size)
 
         # poise-spec "Order": predict with the previous fit, freeze advantages, log, then refit.
         predictions, available = self.value_estimator.predict(features, domains)
@@ -212,6 +364,18 @@ class POISETrainer(AdvantageTrainer):
         for name, value in refit_stats.items():
             self._metrics["train"][f"probe/{name}"].append(value)
         return self.local_rows(advantages.to(rewards.device))
+
+    def _log_selection_outcome(self, rewards: torch.Tensor, group_size: int) -> None:
+        """Share of zero-signal groups (all rewards equal) among the prompts the probe chose and
+        among the random floor's, in this step: the within-run control of what selection buys."""
+        floor = self._step_floor.to(self.accelerator.device)
+        floor = self.accelerator.gather(floor).cpu() if self.accelerator.num_processes > 1 else floor.cpu()
+        grouped = rewards.view(-1, group_size)
+        zero_signal = (grouped == grouped[:, :1]).all(dim=1)
+        metrics = self._metrics["train"]
+        for name, rows in (("floor", floor), ("probe", ~floor)):
+            if rows.any():
+                metrics[f"selection/zero_signal_{name}"].append(zero_signal[rows].float().mean().item())
 
     def _domains(self) -> list[str] | None:
         column = self.args.probe_domain_column
@@ -247,15 +411,17 @@ class POISETrainer(AdvantageTrainer):
         if self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            self.value_estimator.save(f"{self._get_output_dir(trial=trial)}/{folder}")
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            self.value_estimator.save(folder)
+            if self.args.prompt_selection:
+                # Every process draws the same number of stream batches: one state file serves all.
+                (folder / SELECTION_STATE_FILE).write_text(json.dumps(
+                    {"batches_drawn": self.selection_batches_drawn, "counts": self.selection_counts}))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        from pathlib import Path
-
         if not (Path(checkpoint) / PROBE_STATE_FILE).exists():
             raise FileNotFoundError(
                 f"checkpoint {checkpoint} has no POISE probe state ({PROBE_STATE_FILE}): it was not written by "
@@ -263,6 +429,15 @@ class POISETrainer(AdvantageTrainer):
                 "run instead, or resume from a POISE checkpoint."
             )
         self.value_estimator = ProbeEstimator.load(checkpoint, device=self._probe_device())
+        if self.args.prompt_selection:
+            state_file = Path(checkpoint) / SELECTION_STATE_FILE
+            if not state_file.exists():
+                raise FileNotFoundError(
+                    f"checkpoint {checkpoint} has no prompt-selection state ({SELECTION_STATE_FILE}): it was written "
+                    "without prompt_selection. Resume it with prompt_selection: false, or start a fresh run.")
+            state = json.loads(state_file.read_text())
+            self.selection_batches_drawn, self.selection_counts = state["batches_drawn"], state["counts"]
+            self._selection_stream = None
 
 
 @dataclass

@@ -35,6 +35,7 @@ SIGNALS = {
     "probe/variance_reduction": "POISE variance reduction",
     "probe/mae": "POISE probe MAE",
     "dapo/dropped_fraction": "DAPO dropped-group fraction",
+    "zero_signal_fraction": "zero-signal rollouts (all rewards of the prompt equal)",
 }
 
 
@@ -115,6 +116,14 @@ def log_series(train_log: list[dict], key: str, unit: str = "tokens") -> list[tu
         if key == "dapo/dropped_fraction":
             if entry.get("dapo/generated_groups"):
                 series.append((entry[spent], entry["dapo/dropped_groups"] / entry["dapo/generated_groups"]))
+        elif key == "zero_signal_fraction":
+            # Every generated group counts, DAPO's dropped ones included; TRL logs the share of the
+            # step's groups whose rewards have zero std.
+            if entry.get("dapo/generated_groups"):
+                uninformative = entry["dapo/generated_groups"] - entry["dapo/informative_groups"]
+                series.append((entry[spent], uninformative / entry["dapo/generated_groups"]))
+            elif entry.get("frac_reward_zero_std") is not None:
+                series.append((entry[spent], entry["frac_reward_zero_std"]))
         elif entry.get(key) is not None and (key != "probe/variance_reduction" or entry.get("probe/mae") is not None):
             series.append((entry[spent], entry[key]))
     return series
@@ -447,7 +456,7 @@ def table_rows(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     if target:
         second_header += ["tokens to target", "s to target", "seeds reached"]
         second_header += [f"s ratio vs {target['reference']}"] if target["reference"] else []
-    second_header += ["grad norm", "POISE VR", "probe MAE", "DAPO dropped"]
+    second_header += ["grad norm", "POISE VR", "probe MAE", "DAPO dropped", "zero-signal"]
     goal = "" if not target else f"target accuracy {target['accuracy']:.3f}" + (
         f" ({target['reference']}'s final mean)" if target["reference"] else "") + "; "
     return [

@@ -218,3 +218,14 @@ def test_compare_bad_arguments_fail_before_any_run(tmp_path, tiny_random_model_d
     result = CliRunner().invoke(app, ["compare", str(recipe), "-o", str(tmp_path / "cmp"), *args])
     assert result.exit_code == 2 and message in result.output
     assert not (tmp_path / "cmp" / "runs").exists()
+
+
+def test_zero_signal_fraction_from_trl_and_dapo_logs():
+    from poise_trl.compare import log_series
+
+    log = [
+        {"generated_tokens": 100, "frac_reward_zero_std": 0.25},
+        {"generated_tokens": 200, "dapo/generated_groups": 16, "dapo/informative_groups": 6, "frac_reward_zero_std": 0.0},
+        {"generated_tokens": 300},
+    ]
+    assert log_series(log, "zero_signal_fraction") == [(100, 0.25), (200, 10 / 16)]

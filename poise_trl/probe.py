@@ -463,10 +463,16 @@ class ProbeEstimator:
         self, features: RolloutFeatures, domains: Sequence[str] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(predictions (B,) float32, available (B,) bool) from the CURRENT fit; NaN where unavailable."""
+        return self._predict_with(self.probes, features, domains)
+
+    def _predict_with(
+        self, probes: dict[str, LinearValueProbe], features: RolloutFeatures, domains: Sequence[str] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row predicted by its domain's probe in `probes`; NaN and unavailable where it has none fitted."""
         predictions = torch.full((len(features),), float("nan"))
         available = torch.zeros(len(features), dtype=torch.bool)
         for key, idx in self._rows_by_domain(self._domain_keys(len(features), domains)).items():
-            probe = self.probes.get(key)
+            probe = probes.get(key)
             if probe is not None and probe.is_fitted:
                 predictions[idx] = probe.predict(features[idx])
                 available[idx] = True
@@ -488,14 +494,7 @@ class ProbeEstimator:
         n, d = prompt_vectors.shape
         # The prompt-only probe reads the prompt vector alone; the other inputs are placeholders.
         features = RolloutFeatures(prompt_vectors, torch.zeros(n, d), torch.zeros(n, len(ENTROPY_NAMES)))
-        predictions = torch.full((n,), float("nan"))
-        available = torch.zeros(n, dtype=torch.bool)
-        for key, idx in self._rows_by_domain(self._domain_keys(n, domains)).items():
-            probe = probes.get(key)
-            if probe is not None and probe.is_fitted:
-                predictions[idx] = probe.predict(features[idx])
-                available[idx] = True
-        return predictions, available
+        return self._predict_with(probes, features, domains)
 
     def update(
         self,

@@ -52,6 +52,7 @@ from trl import GRPOConfig
 from trl.trainer.utils import pad
 
 from poise_trl import estimators
+from poise_trl.provenance import write_json
 from poise_trl.trainers.base import AdvantageTrainer, PromptStream
 
 FILL_MODES = ("drop", "zero_variance")
@@ -258,7 +259,7 @@ class DAPOTrainer(AdvantageTrainer):
 
             folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             # Every process draws the same number of extra batches (rounds are collective).
-            (folder / DAPO_STATE_FILE).write_text(json.dumps({"extra_batches_drawn": self.extra_batches_drawn}))
+            write_json(folder / DAPO_STATE_FILE, {"extra_batches_drawn": self.extra_batches_drawn})
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

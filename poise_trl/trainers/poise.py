@@ -65,6 +65,7 @@ from poise_trl.features import (
 )
 from poise_trl.probe import PROBE_INPUTS, ProbeEstimator, probe_metrics
 from poise_trl.process_rewards import ProcessRewardArguments, ProcessRewardMixin
+from poise_trl.provenance import write_json
 from poise_trl.trainers.base import AdvantageTrainer, PromptStream
 
 PROBE_STATE_FILE = "poise_probe.safetensors"
@@ -139,6 +140,13 @@ class POISEConfig(GRPOConfig):
             raise ValueError(f"prompt_selection_random_fraction must be in [0, 1], got {self.prompt_selection_random_fraction}")
 
 
+def informativeness(predicted: torch.Tensor) -> torch.Tensor:
+    """p(1 - p) of each predicted success rate p (clipped to [0, 1]); NaN (no fitted probe for the
+    domain) counts as p = 0.5, the most informative."""
+    p = torch.nan_to_num(predicted.double(), nan=0.5).clamp(0.0, 1.0)
+    return p * (1 - p)
+
+
 def select_prompts(predicted: torch.Tensor, k: int, random_count: int,
                    generator: torch.Generator) -> tuple[list[int], list[bool]]:
     """The `k` of `len(predicted)` candidate prompts to roll out, and which came from the random floor.
@@ -152,11 +160,10 @@ def select_prompts(predicted: torch.Tensor, k: int, random_count: int,
     if not 0 <= random_count <= k <= n:
         raise ValueError(f"need 0 <= random_count ({random_count}) <= k ({k}) <= candidates ({n})")
     floor = torch.randperm(n, generator=generator)[:random_count].tolist()
-    p = torch.nan_to_num(predicted.double(), nan=0.5).clamp(0.0, 1.0)
-    informativeness = p * (1 - p)
-    informativeness[floor] = -1.0  # already chosen
+    scores = informativeness(predicted)
+    scores[floor] = -1.0  # already chosen
     # Stable descending sort: among equal scores the earlier candidate wins.
-    ranked = torch.sort(informativeness, descending=True, stable=True).indices[: k - random_count].tolist()
+    ranked = torch.sort(scores, descending=True, stable=True).indices[: k - random_count].tolist()
     return floor + ranked, [True] * len(floor) + [False] * len(ranked)
 
 
@@ -313,11 +320,10 @@ class POISETrainer(AdvantageTrainer):
         # The prefill pass is compute spent on prompts: charged to the token budget as generated tokens.
         self.generated_tokens += int(tokens_all)
         self.pending_logs.update({f"selection/{name}": float(value) for name, value in counts.items()})
-        p = torch.nan_to_num(predicted, nan=0.5).clamp(0, 1)
-        informativeness = p * (1 - p)
+        scores = informativeness(predicted)
         metrics = self._metrics["train"]
-        metrics["selection/informativeness_pool"].append(informativeness.mean().item())
-        metrics["selection/informativeness_rolled_out"].append(informativeness[chosen].mean().item())
+        metrics["selection/informativeness_pool"].append(scores.mean().item())
+        metrics["selection/informativeness_rolled_out"].append(scores[chosen].mean().item())
 
     def _features_for(self, output: dict) -> RolloutFeatures:
         """This round's features: from TRL's own no-grad pass, or from one chunked pass here."""
@@ -415,8 +421,8 @@ class POISETrainer(AdvantageTrainer):
             self.value_estimator.save(folder)
             if self.args.prompt_selection:
                 # Every process draws the same number of stream batches: one state file serves all.
-                (folder / SELECTION_STATE_FILE).write_text(json.dumps(
-                    {"batches_drawn": self.selection_batches_drawn, "counts": self.selection_counts}))
+                write_json(folder / SELECTION_STATE_FILE,
+                           {"batches_drawn": self.selection_batches_drawn, "counts": self.selection_counts})
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

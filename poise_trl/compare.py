@@ -118,8 +118,10 @@ def log_series(train_log: list[dict], key: str, unit: str = "tokens") -> list[tu
                 series.append((entry[spent], entry["dapo/dropped_groups"] / entry["dapo/generated_groups"]))
         elif key == "zero_signal_fraction":
             # Every generated group counts, DAPO's dropped ones included; TRL logs the share of the
-            # step's groups whose rewards have zero std.
-            if entry.get("dapo/generated_groups"):
+            # step's groups whose rewards have zero std. A*-PO logs its own (rollouts whose target r - V* is 0).
+            if entry.get("zero_signal_fraction") is not None:
+                series.append((entry[spent], entry["zero_signal_fraction"]))
+            elif entry.get("dapo/generated_groups"):
                 uninformative = entry["dapo/generated_groups"] - entry["dapo/informative_groups"]
                 series.append((entry[spent], uninformative / entry["dapo/generated_groups"]))
             elif entry.get("frac_reward_zero_std") is not None:

@@ -122,12 +122,13 @@ def prepare_vllm_environment() -> None:
 
 def training_generation_record(args, policy_forward_passes: int, steps: int) -> dict:
     """How a training run generated its rollouts, for its summary and model card."""
+    use_vllm = getattr(args, "use_vllm", False)  # A*-PO's config has no vLLM switch
     record = {
-        "engine": "vllm" if args.use_vllm else "transformers",
+        "engine": "vllm" if use_vllm else "transformers",
         "policy_forward_passes": policy_forward_passes,
         "policy_forward_passes_per_step": round(policy_forward_passes / steps, 3) if steps else None,
     }
-    if args.use_vllm:
+    if use_vllm:
         distribution = vllm_distribution()
         record.update(vllm_mode=args.vllm_mode, vllm=" ".join(distribution) if distribution else None)
     return record

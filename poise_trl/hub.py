@@ -18,6 +18,7 @@ ALGORITHMS = {
     "vapo": "VAPO: value-based PPO",
     "reinforce_pp": "REINFORCE++: global advantage normalization",
     "reinforce_pp_baseline": "REINFORCE++ w/ Baseline: group mean, then global normalization",
+    "a2po": "A*-PO: optimal value V* estimated offline from reference samples, one rollout per prompt",
 }
 
 

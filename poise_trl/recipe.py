@@ -160,7 +160,8 @@ def split_recipe(recipe: dict, config_class: type) -> tuple[RunSettings, dict]:
 
 ALGO_NAMES = {"poise": "POISE", "poise_process": "POISE", "grpo": "GRPO", "grpo_process": "GRPO", "rloo": "RLOO",
               "rloo_process": "RLOO", "dapo": "DAPO", "asyppo": "AsyPPO", "ppo": "PPO", "vapo": "VAPO",
-              "reinforce_pp": "REINFORCE++", "reinforce_pp_baseline": "REINFORCE++ w/ Baseline"}
+              "reinforce_pp": "REINFORCE++", "reinforce_pp_baseline": "REINFORCE++ w/ Baseline",
+              "a2po": "A*-PO"}
 
 
 def _matches(value: Any, hint: Any) -> bool:

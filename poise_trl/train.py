@@ -84,7 +84,8 @@ def build_config(algo_name: str, config_kwargs: dict, output_dir: str | None):
     if not torch.cuda.is_available():
         kwargs.update(use_cpu=True, bf16=False)
         kwargs.setdefault("gradient_checkpointing", False)
-    check_batch_geometry(kwargs)
+    if "num_generations" in algo.config_class.__dataclass_fields__:  # A*-PO has one rollout per prompt, no groups
+        check_batch_geometry(kwargs)
     try:
         return algo.config_class(**kwargs)
     except (ValueError, TypeError) as exc:
@@ -136,7 +137,7 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     check_memory_plan(recipe)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
     if settings.push_to_hub and not args.hub_model_id:
         raise RecipeError("push_to_hub needs the repository to push to: set hub_model_id: <user>/<name>")
-    if args.use_vllm:
+    if getattr(args, "use_vllm", False):  # A*-PO's config has no vLLM switch
         resolve_engine("vllm")  # one line when vLLM is missing or broken, before any model loads
     model_path = resolve_model_path(settings.model)
     tokenizer = load_tokenizer(model_path)

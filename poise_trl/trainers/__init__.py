@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from poise_trl.trainers.a2po import A2PO_DEFAULTS, A2POArmConfig, CountingA2POTrainer
 from poise_trl.trainers.asyppo import (
     ASYPPO_DEFAULTS,
     PPO_DEFAULTS,
@@ -66,6 +67,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "grpo_process": Algorithm(GRPOProcessConfig, GRPOProcessTrainer, PROCESS_REWARDS, "GRPO + training-free process rewards (seed 002)"),
     "rloo_process": Algorithm(RLOOProcessConfig, RLOOProcessTrainer, {**RLOO_DEFAULTS, **PROCESS_REWARDS}, "RLOO + training-free process rewards (seed 002)"),
     "poise_process": Algorithm(POISEProcessConfig, POISEProcessTrainer, {**POISE_DEFAULTS, **PROCESS_REWARDS}, "POISE + training-free process rewards (seed 002)"),
+    "a2po": Algorithm(A2POArmConfig, CountingA2POTrainer, A2PO_DEFAULTS, "A*-PO (TRL experimental): offline V* from reference samples, 1 rollout per prompt"),
 }
 
 

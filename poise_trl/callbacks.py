@@ -105,10 +105,26 @@ class HeldOutEvalCallback(TrainerCallback):
     def budget_reached(self) -> bool:
         return self.budget is not None and self.spent(self.budget.unit) >= self.budget.amount
 
+    def _evaluates_here(self, state) -> bool:
+        """The main process evaluates. When the weights are sharded over the processes (FSDP,
+        DeepSpeed ZeRO-3) and generation runs on the policy itself, every forward gathers the
+        shards, a collective all processes must join: then every process runs the same seeded
+        evaluation (identical results, kept by all, written by the main process)."""
+        if state.is_world_process_zero:
+            return True
+        trainer = self.trainer
+        if trainer is None or self._colocated_engine() is not None:
+            return False
+        from transformers.integrations import is_deepspeed_zero3_enabled
+
+        return trainer.is_fsdp_enabled or is_deepspeed_zero3_enabled()
+
     def _evaluate(self, state, model, **extra) -> None:
         if self.history and self.history[-1]["step"] == state.global_step:
             self.history[-1].update(extra)
             return
+        if self.trainer is not None:
+            model = self.trainer.accelerator.unwrap_model(model)  # DDP's wrapper has no generate()
         started = time.time()
         # Same sampling seed at every evaluation: differences between points come from the
         # policy, not from the draw.
@@ -192,7 +208,7 @@ class HeldOutEvalCallback(TrainerCallback):
             self.restore(self.resume_from)
         if not self.history:
             self._push_weights_to_engine(state)
-            if state.is_world_process_zero:
+            if self._evaluates_here(state):
                 self._evaluate(state, model)
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -216,7 +232,7 @@ class HeldOutEvalCallback(TrainerCallback):
             return
         control.should_log = True  # on every process: logging gathers the loss
         self._push_weights_to_engine(state)
-        if state.is_world_process_zero:
+        if self._evaluates_here(state):
             extra = {"budget_point": self.budget_points_done} if self.budget is not None else {}
             self._evaluate(state, model, **extra)
             if self.trainer is not None:
@@ -224,7 +240,7 @@ class HeldOutEvalCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self._push_weights_to_engine(state)
-        if state.is_world_process_zero:
+        if self._evaluates_here(state):
             self._evaluate(state, model)
 
     @property

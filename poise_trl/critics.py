@@ -95,6 +95,12 @@ def _sum_over_processes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _broadcast_from_main(module: torch.nn.Module) -> None:
+    if _world_size() > 1:
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+
+
 class CriticEnsemble:
     """M critics, each with its own AdamW, trained on disjoint rows (seed 001, L_critic)."""
 
@@ -108,6 +114,11 @@ class CriticEnsemble:
         self.model_path = model_path
         self.critics = [load_critic(model_path, seed + m, dtype).to(device) for m in range(num_critics)]
         for critic in self.critics:
+            # Replicas stay identical only if they start identical (their gradients are summed). Under
+            # FSDP with cpu_ram_efficient_loading (recipes/accelerate/fsdp2.yaml) transformers reads
+            # the weights on process 0 alone and leaves other processes' from_pretrained weights
+            # uninitialised, relying on FSDP's broadcast, which the critics never get: they get this one.
+            _broadcast_from_main(critic)
             if gradient_checkpointing:
                 critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             critic.config.use_cache = False
@@ -226,11 +237,13 @@ class CriticEnsemble:
         info = json.loads((directory / STATE_FILE).read_text())
         if info["num_critics"] != len(self):
             raise ValueError(f"{directory} holds {info['num_critics']} critics, this run has {len(self)}")
+        # safetensors names a CPU "cpu", never "cpu:0" (what an indexed CPU device prints as)
+        device = "cpu" if self.device.type == "cpu" else str(self.device)
         for m, (critic, optimizer) in enumerate(zip(self.critics, self.optimizers, strict=True)):
             folder = directory / f"critic_{m}"
-            critic.load_state_dict(load_file(folder / "model.safetensors", device=str(self.device)))
+            critic.load_state_dict(load_file(folder / "model.safetensors", device=device))
             entries: dict[int, dict[str, torch.Tensor]] = {}
-            for key, value in load_file(folder / OPTIMIZER_FILE, device=str(self.device)).items():
+            for key, value in load_file(folder / OPTIMIZER_FILE, device=device).items():
                 _, index, name = key.split(".", 2)
                 entries.setdefault(int(index), {})[name] = value
             optimizer.load_state_dict({"state": entries, "param_groups": info["param_groups"][m]})

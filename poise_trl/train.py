@@ -107,6 +107,22 @@ def check_batch_geometry(kwargs: dict) -> None:
         )
 
 
+def save_full_model(trainer, folder: Path) -> None:
+    """The whole model, loadable with from_pretrained, on every launch. Under FSDP with sharded
+    checkpoints (SHARDED_STATE_DICT) the Trainer's save_model writes no weights; the plugin is
+    switched to a full state dict for this one save, accelerate's documented way ("trains with
+    sharded, but final save is with full"). Gathering is a collective: every process calls this."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    previous = plugin.state_dict_type if plugin is not None else None
+    if plugin is not None and "FULL_STATE_DICT" not in str(previous):
+        plugin.set_state_dict_type("FULL_STATE_DICT")
+    try:
+        trainer.save_model(str(folder))
+    finally:
+        if plugin is not None:
+            plugin.set_state_dict_type(previous)
+
+
 def build_peft_config(peft: dict | None):
     if not peft:
         return None
@@ -206,7 +222,7 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     else:
         with training_threads(trainer.model) as threads:
             trainer.train(resume_from_checkpoint=resume_from)
-    trainer.save_model(str(out / "final"))
+    save_full_model(trainer, out / "final")
 
     history = eval_callback.history
     summary = {

@@ -23,3 +23,19 @@ def run_two_cpu_ranks(script, *args, timeout: int = 300) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script), *map(str, args)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def run_accelerate_launch(config, script, *args, launch_args=(), timeout: int = 600) -> None:
+    """`accelerate launch --config_file CONFIG --num_processes 2 [LAUNCH_ARGS] SCRIPT ARGS` on the CPU
+    (gloo), in fp32 (the configs' bf16 autocast only slows a CPU down), on a free port; fails with
+    its stderr."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
+           "--mixed_precision", "no", "--main_process_port", str(port), *launch_args, str(script), *map(str, args)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]

@@ -1,18 +1,30 @@
-"""FSDP2 (`fully_shard`, 2 CPU processes over gloo) under the POISE feature hook and TRL's fused LM
-head: the hook sees the full activations, and a training step matches the unsharded model exactly.
+"""FSDP2 on 2 CPU processes (gloo).
 
-What is not run here: accelerate's own FSDP2 path (its MULTI_CPU state never enables FSDP, so a
-whole `poise train` under recipes/accelerate/fsdp2.yaml, its sharded checkpoints and resume need
-GPUs) and DeepSpeed (needs CUDA)."""
+- `fully_shard` under the POISE feature hook and TRL's fused LM head: the hook sees the full
+  activations, and a training step matches the unsharded model exactly.
+- `poise train`'s `train_from_recipe` for POISE and AsyPPO launched with accelerate and the shipped
+  recipes/accelerate/fsdp2.yaml, through accelerate's own FSDP2 path (see
+  distributed/fsdp2_train.py for the one decision changed so that it runs without a GPU): it
+  trains, evaluates, checkpoints with sharded optimizer state, and a run resumed from its
+  step-2 checkpoint ends bit-identical to the uninterrupted one (weights, probe, critics).
 
+Not run here: DeepSpeed (its ZeRO engines need CUDA) and bf16 mixed precision (fp32 on a CPU)."""
+
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_two_cpu_ranks
+from helpers import run_accelerate_launch, run_two_cpu_ranks
 from safetensors.torch import load_file
 
+from poise_trl.recipe import load_recipe
+
 SCRIPT = Path(__file__).parent / "distributed" / "fsdp2_two_ranks.py"
+TRAIN_SCRIPT = Path(__file__).parent / "distributed" / "fsdp2_train.py"
+REPO = Path(__file__).resolve().parents[1]
+FSDP2_CONFIG = REPO / "recipes" / "accelerate" / "fsdp2.yaml"
 
 
 @pytest.mark.slow
@@ -31,3 +43,62 @@ def test_fsdp2_features_and_step_match_the_unsharded_model(tmp_path, tiny_random
         assert torch.equal(result[f"reference.{name}"], result[f"sharded.{name}"]), name
     moved = result["reference.after_step.model.norm.weight"] - 1.0  # RMSNorm weights start at 1
     assert moved.abs().max() > 0  # the step did change the root's (unwrapped) parameters
+
+
+def fsdp2_recipe(algo: str) -> dict:
+    """recipes/toy/ALGO.yaml as shipped (bundled tiny model and critic), shortened to 4 steps of 4
+    prompts x 2 rollouts per process with a checkpoint every 2 steps."""
+    recipe = load_recipe(REPO / "recipes" / "toy" / f"{algo}.yaml")
+    for key in ("model", "critic_model"):
+        if key in recipe:
+            recipe[key] = str(REPO / recipe[key])
+    recipe.update(num_generations=2, per_device_train_batch_size=4, critic_mini_batch_size=2, max_completion_length=16,
+                  dataset_size=32, eval_limit=4, eval_every=2, eval_num_samples=1, eval_max_new_tokens=16,
+                  max_steps=4, logging_steps=1, save_steps=2)
+    if algo == "poise":
+        recipe.update(probe_bootstrap_steps=1, probe_prompt_components=2, probe_response_components=2)
+    return {k: v for k, v in recipe.items() if not (algo == "poise" and k == "critic_mini_batch_size")}
+
+
+def state_files(checkpoint: Path) -> dict[str, bytes]:
+    """The model, probe and critic state of a checkpoint (not its clocks or pickled optimizer)."""
+    return {str(p.relative_to(checkpoint)): p.read_bytes() for p in sorted(checkpoint.rglob("*"))
+            if p.suffix == ".safetensors" or p.name in ("poise_probe.json", "probe_history.json")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("algo", "state_dict_type"), [("poise", "FULL_STATE_DICT"), ("asyppo", "SHARDED_STATE_DICT")])
+def test_accelerate_fsdp2_run_checkpoints_and_resumes_bit_identically(algo, state_dict_type, tmp_path):
+    """fsdp2.yaml as shipped (full checkpoints) for POISE; for AsyPPO with accelerate's
+    --fsdp_state_dict_type SHARDED_STATE_DICT, where every process writes its own shard. A resumed
+    run loads process 0's critics everywhere, so it also catches critics that differ between
+    processes (as they did when only process 0 read their weights)."""
+    recipe = fsdp2_recipe(algo)
+    launch_args = () if state_dict_type == "FULL_STATE_DICT" else ("--fsdp_state_dict_type", state_dict_type)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run_accelerate_launch(FSDP2_CONFIG, TRAIN_SCRIPT, json.dumps(recipe), whole, launch_args=launch_args)
+    summary = json.loads((whole / "summary.json").read_text())
+    assert summary["steps"] == 4 and [p["step"] for p in summary["heldout_history"]] == [0, 2, 4]
+    if state_dict_type == "FULL_STATE_DICT":
+        assert (whole / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()  # accelerate's FSDP save, not DDP's
+    else:
+        assert len(list((whole / "checkpoint-2" / "pytorch_model_fsdp_0").glob("*.distcp"))) == 2  # one per process
+        assert len(list((whole / "checkpoint-2" / "optimizer_0").glob("*.distcp"))) == 2
+    # What an interruption after the step-2 checkpoint leaves behind: the recipe and that checkpoint.
+    resumed.mkdir()
+    shutil.copy(whole / "recipe.yaml", resumed / "recipe.yaml")
+    shutil.copytree(whole / "checkpoint-2", resumed / "checkpoint-2")
+    run_accelerate_launch(FSDP2_CONFIG, TRAIN_SCRIPT, json.dumps(recipe), resumed, launch_args=launch_args)
+    again = json.loads((resumed / "summary.json").read_text())
+    assert again["resumed_at_steps"] == [2]
+    assert [p["accuracy"] for p in again["heldout_history"]] == [p["accuracy"] for p in summary["heldout_history"]]
+    assert (again["generated_tokens"], again["generated_rollouts"]) == (summary["generated_tokens"],
+                                                                      summary["generated_rollouts"])
+    expected, got = state_files(whole / "checkpoint-4"), state_files(resumed / "checkpoint-4")
+    assert expected.keys() == got.keys()
+    assert any(("probe" if algo == "poise" else "critic") in name for name in expected), sorted(expected)
+    for name in expected:
+        assert got[name] == expected[name], name
+    # final/ holds the full model whichever checkpoint format the launch used.
+    a, b = load_file(whole / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a), "final weights differ"

@@ -38,6 +38,12 @@ SIGNALS = {
     "zero_signal_fraction": "zero-signal rollouts (all rewards of the prompt equal)",
 }
 
+# POISE's prompt selection (recipes with `prompt_selection: true`): cumulative counters (their
+# last logged value) and per-step shares (their mean over training).
+SELECTION_COUNTERS = ("selection/candidates_scored", "selection/prompts_skipped", "selection/prefill_tokens")
+SELECTION_MEANS = ("selection/zero_signal_probe", "selection/zero_signal_floor",
+                   "selection/informativeness_pool", "selection/informativeness_rolled_out")
+
 
 class CompareError(ValueError):
     """A comparison that cannot run or be aggregated as asked; the message says why and what to do."""
@@ -129,6 +135,20 @@ def log_series(train_log: list[dict], key: str, unit: str = "tokens") -> list[tu
         elif entry.get(key) is not None and (key != "probe/variance_reduction" or entry.get("probe/mae") is not None):
             series.append((entry[spent], entry[key]))
     return series
+
+
+def selection_summary(train_log: list[dict]) -> dict[str, float]:
+    """The last value of each selection counter and the mean of each per-step share ({} without selection)."""
+    summary = {}
+    for key in SELECTION_COUNTERS:
+        values = [e[key] for e in train_log if e.get(key) is not None]
+        if values:
+            summary[key] = values[-1]
+    for key in SELECTION_MEANS:
+        values = [e[key] for e in train_log if e.get(key) is not None]
+        if values:
+            summary[key] = sum(values) / len(values)
+    return summary
 
 
 def binned(series: list[tuple[float, float]], budget: float, bins: int = SIGNAL_BINS) -> list[float | None]:
@@ -294,6 +314,12 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
         }
         for key in SIGNALS:
             record[f"mean {key}"] = mean_and_std([v for _, v in log_series(summary["train_log"], key)])[0]
+        counted = [e for e in summary["train_log"] if "zero_signal_rollouts" in e]
+        if counted:  # A*-PO: its stage-1 rollouts (V* estimation) carry no policy-gradient signal either
+            record["mean zero_signal_fraction"] = counted[-1]["zero_signal_rollouts"] / counted[-1]["generated_rollouts"]
+        selection = selection_summary(summary["train_log"])
+        if selection:
+            record["selection"] = selection
         if target is not None:
             accuracies = [p["accuracy"] for p in seed_curve]
             record["tokens_to_target"] = first_crossing([p["generated_tokens"] for p in seed_curve], accuracies, target)
@@ -317,6 +343,9 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
                                          for s in summaries]) for key in SIGNALS},
         "runs": per_seed,
     }
+    if any("selection" in r for r in per_seed):
+        result["selection"] = {key: mean_and_std([r["selection"].get(key) for r in per_seed if "selection" in r])[0]
+                               for key in (*SELECTION_COUNTERS, *SELECTION_MEANS)}
     if target is not None:
         # On the seed-mean curve (one evaluation's noise moves a single seed's crossing a lot),
         # and per seed with how many seeds got there.
@@ -461,8 +490,16 @@ def table_rows(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     second_header += ["grad norm", "POISE VR", "probe MAE", "DAPO dropped", "zero-signal"]
     goal = "" if not target else f"target accuracy {target['accuracy']:.3f}" + (
         f" ({target['reference']}'s final mean)" if target["reference"] else "") + "; "
-    return [
+    tables = [
         ("held-out accuracy and compute (mean ± std over seeds)",
          ["run", "algo", "seeds", "start acc", "final acc", "tokens", "train s"], results),
         (f"{goal}training signals (means over training)", second_header, signals),
     ]
+    selection = [[name, *(num(r["selection"][key], 0) for key in SELECTION_COUNTERS),
+                  *(num(r["selection"][key]) for key in SELECTION_MEANS)]
+                 for name, r in report["results"].items() if "selection" in r]
+    if selection:
+        tables.append(("prompt selection (means over seeds: counters at the end, shares over training)",
+                       ["run", "candidates scored", "prompts skipped", "prefill tokens", "zero-signal (probe's picks)",
+                        "zero-signal (random floor)", "p(1-p) pool", "p(1-p) rolled out"], selection))
+    return tables

@@ -229,3 +229,37 @@ def test_zero_signal_fraction_from_trl_and_dapo_logs():
         {"generated_tokens": 300},
     ]
     assert log_series(log, "zero_signal_fraction") == [(100, 0.25), (200, 10 / 16)]
+
+
+def test_selection_counters_and_a2po_stage_1_zero_signal_share(tmp_path):
+    budget = Budget("tokens", 200, points=2)
+    select_log = [
+        {"generated_tokens": 50, "generated_rollouts": 4, "frac_reward_zero_std": 0.5,
+         "selection/candidates_scored": 64.0, "selection/prompts_skipped": 32.0, "selection/prefill_tokens": 900.0,
+         "selection/zero_signal_probe": 0.25, "selection/zero_signal_floor": 0.75},
+        {"generated_tokens": 150, "generated_rollouts": 8, "frac_reward_zero_std": 0.25,
+         "selection/candidates_scored": 128.0, "selection/prompts_skipped": 64.0, "selection/prefill_tokens": 1800.0,
+         "selection/zero_signal_probe": 0.5, "selection/zero_signal_floor": 1.0},
+    ]
+    # A*-PO: 600 stage-1 rollouts (all zero-signal) + 2 of the 400 stage-2 rollouts with target 0
+    a2po_log = [{"generated_tokens": 150, "generated_rollouts": 1000, "zero_signal_fraction": 0.005,
+                 "zero_signal_rollouts": 602}]
+    runs = []
+    for name, log in (("poise_select", select_log), ("a2po", a2po_log)):
+        run = compare.PlannedRun(name, tmp_path / f"{name}.yaml", 0, tmp_path / name / "0")
+        run.folder.mkdir(parents=True)
+        (run.folder / "summary.json").write_text(json.dumps({**fake_summary(0, [0.6, 0.7], [1.0, 2.0]),
+                                                             "train_log": log}))
+        runs.append(run)
+    report = compare.aggregate(runs, budget, None, {"poise_select": {}, "a2po": {}})
+    selection = report["results"]["poise_select"]["selection"]
+    assert selection["selection/candidates_scored"] == 128.0 and selection["selection/prompts_skipped"] == 64.0
+    assert selection["selection/zero_signal_probe"] == pytest.approx(0.375)
+    assert selection["selection/zero_signal_floor"] == pytest.approx(0.875)
+    assert selection["selection/informativeness_pool"] is None  # never logged
+    assert report["results"]["poise_select"]["signals_mean"]["zero_signal_fraction"] == pytest.approx(0.375)
+    assert "selection" not in report["results"]["a2po"]
+    assert report["results"]["a2po"]["signals_mean"]["zero_signal_fraction"] == pytest.approx(0.602)
+    title, header, rows = compare.table_rows(report)[-1]
+    assert title.startswith("prompt selection") and rows == [["poise_select", "128", "64", "1800", "0.375", "0.875",
+                                                               "-", "-"]]

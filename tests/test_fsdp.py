@@ -5,10 +5,13 @@
 - `poise train`'s `train_from_recipe` for POISE and AsyPPO launched with accelerate and the shipped
   recipes/accelerate/fsdp2.yaml, through accelerate's own FSDP2 path (see
   distributed/fsdp2_train.py for the one decision changed so that it runs without a GPU): it
-  trains, evaluates, checkpoints with sharded optimizer state, and a run resumed from its
+  trains, evaluates, checkpoints (full, and sharded per process), and a run resumed from its
   step-2 checkpoint ends bit-identical to the uninterrupted one (weights, probe, critics).
+- GRPO, RLOO, DAPO, REINFORCE++, POISE, PPO, VAPO and AsyPPO train 2 steps each under the same
+  launch, with POISE's probe and the critics identical on both processes.
 
-Not run here: DeepSpeed (its ZeRO engines need CUDA) and bf16 mixed precision (fp32 on a CPU)."""
+Not run here: DeepSpeed (its ZeRO engines need CUDA), bf16 mixed precision (fp32 on a CPU) and
+A*-PO (TRL's experimental trainer) under FSDP."""
 
 import json
 import shutil
@@ -45,9 +48,9 @@ def test_fsdp2_features_and_step_match_the_unsharded_model(tmp_path, tiny_random
     assert moved.abs().max() > 0  # the step did change the root's (unwrapped) parameters
 
 
-def fsdp2_recipe(algo: str) -> dict:
+def fsdp2_recipe(algo: str, **changes) -> dict:
     """recipes/toy/ALGO.yaml as shipped (bundled tiny model and critic), shortened to 4 steps of 4
-    prompts x 2 rollouts per process with a checkpoint every 2 steps."""
+    prompts x 2 rollouts per process with a checkpoint every 2 steps, then `changes`."""
     recipe = load_recipe(REPO / "recipes" / "toy" / f"{algo}.yaml")
     for key in ("model", "critic_model"):
         if key in recipe:
@@ -57,7 +60,11 @@ def fsdp2_recipe(algo: str) -> dict:
                   max_steps=4, logging_steps=1, save_steps=2)
     if algo == "poise":
         recipe.update(probe_bootstrap_steps=1, probe_prompt_components=2, probe_response_components=2)
-    return {k: v for k, v in recipe.items() if not (algo == "poise" and k == "critic_mini_batch_size")}
+    if "value_warmup_steps" in recipe:
+        recipe["value_warmup_steps"] = 1  # VAPO: the actor trains from step 2
+    recipe.update(changes)
+    critics = algo in ("asyppo", "ppo", "vapo")
+    return {k: v for k, v in recipe.items() if critics or k != "critic_mini_batch_size"}
 
 
 def state_files(checkpoint: Path) -> dict[str, bytes]:
@@ -102,3 +109,26 @@ def test_accelerate_fsdp2_run_checkpoints_and_resumes_bit_identically(algo, stat
     # final/ holds the full model whichever checkpoint format the launch used.
     a, b = load_file(whole / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a), "final weights differ"
+
+
+@pytest.mark.slow
+def test_every_algorithm_trains_under_accelerate_fsdp2_with_identical_replicas(tmp_path):
+    """The baselines and the critic arms, 2 steps each, in one 2-process launch: each trains, and
+    the replicated state (POISE's probe, the critics) is identical on both processes."""
+    algos = ["grpo", "rloo", "dapo", "reinforce_pp", "poise", "ppo", "vapo", "asyppo"]
+    recipes = [fsdp2_recipe(algo, max_steps=2, save_steps=100, eval_every=0) for algo in algos]
+    run_accelerate_launch(FSDP2_CONFIG, TRAIN_SCRIPT, json.dumps(recipes), tmp_path, "rank-state", timeout=900)
+    for index, algo in enumerate(algos):
+        folder = tmp_path / f"{index}-{algo}"
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["steps"] == 2 and summary["generated_rollouts"] > 0, algo
+        if algo == "poise":
+            ranks = [load_file(folder / f"rank{r}-probe" / "poise_probe.safetensors") for r in (0, 1)]
+            assert any(".probe." in key for key in ranks[0]), sorted(ranks[0])  # fitted after its bootstrap step
+        elif algo in ("ppo", "vapo", "asyppo"):
+            ranks = [load_file(folder / f"rank{r}-critics.safetensors") for r in (0, 1)]
+        else:
+            continue
+        assert ranks[0].keys() == ranks[1].keys()
+        for key in ranks[0]:
+            assert torch.equal(ranks[0][key], ranks[1][key]), (algo, key)

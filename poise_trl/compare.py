@@ -44,6 +44,10 @@ SELECTION_COUNTERS = ("selection/candidates_scored", "selection/prompts_skipped"
 SELECTION_MEANS = ("selection/zero_signal_probe", "selection/zero_signal_floor",
                    "selection/informativeness_pool", "selection/informativeness_rolled_out")
 
+# Critic arms (AsyPPO, PPO, VAPO): per-step critic diagnostics, averaged over the second half of
+# training, when the critics have had time to learn (issue 17's bar: explained variance >= 0.3).
+CRITIC_MEANS = ("critic/explained_variance", "critic/explained_variance_first_token", "critic/mc_sign_agreement")
+
 
 class CompareError(ValueError):
     """A comparison that cannot run or be aggregated as asked; the message says why and what to do."""
@@ -148,6 +152,17 @@ def selection_summary(train_log: list[dict]) -> dict[str, float]:
         values = [e[key] for e in train_log if e.get(key) is not None]
         if values:
             summary[key] = sum(values) / len(values)
+    return summary
+
+
+def critic_summary(train_log: list[dict]) -> dict[str, float]:
+    """The mean of each critic diagnostic over the second half of its logged steps ({} without critics)."""
+    summary = {}
+    for key in CRITIC_MEANS:
+        values = [e[key] for e in train_log if e.get(key) is not None]
+        if values:
+            second_half = values[len(values) // 2:]
+            summary[key] = sum(second_half) / len(second_half)
     return summary
 
 
@@ -305,6 +320,7 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
     for summary, seed_curve in zip(summaries, curves, strict=True):
         record = {
             "seed": summary["seed"],
+            "start_accuracy": seed_curve[0]["accuracy"],
             "final_accuracy": seed_curve[-1]["accuracy"],
             "generated_tokens": summary["generated_tokens"],
             "generated_rollouts": summary["generated_rollouts"],
@@ -320,6 +336,9 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
         selection = selection_summary(summary["train_log"])
         if selection:
             record["selection"] = selection
+        critics = critic_summary(summary["train_log"])
+        if critics:
+            record["critics_second_half"] = critics
         if target is not None:
             accuracies = [p["accuracy"] for p in seed_curve]
             record["tokens_to_target"] = first_crossing([p["generated_tokens"] for p in seed_curve], accuracies, target)
@@ -337,6 +356,8 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
         "generated_tokens": across("generated_tokens")[0],
         "train_seconds": dict(zip(("mean", "std"), across("train_seconds"), strict=True)),
         "all_reached_budget": all(r["budget_reached"] for r in per_seed),
+        # Each seed against its own step-0 evaluation (same policy, its own sampling seed).
+        "seeds_below_start": sum(r["final_accuracy"] < r["start_accuracy"] for r in per_seed),
         "signals_mean": {key: across(f"mean {key}")[0] for key in SIGNALS},
         "curve": curve,
         "signals": {key: aggregate_bins([binned(log_series(s["train_log"], key, budget.unit), budget.amount)
@@ -346,6 +367,11 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
     if any("selection" in r for r in per_seed):
         result["selection"] = {key: mean_and_std([r["selection"].get(key) for r in per_seed if "selection" in r])[0]
                                for key in (*SELECTION_COUNTERS, *SELECTION_MEANS)}
+    if any("critics_second_half" in r for r in per_seed):
+        result["critics_second_half"] = {
+            key: dict(zip(("mean", "std"), mean_and_std([r["critics_second_half"].get(key) for r in per_seed
+                                                         if "critics_second_half" in r]), strict=True))
+            for key in CRITIC_MEANS}
     if target is not None:
         # On the seed-mean curve (one evaluation's noise moves a single seed's crossing a lot),
         # and per seed with how many seeds got there.
@@ -495,6 +521,13 @@ def table_rows(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
          ["run", "algo", "seeds", "start acc", "final acc", "tokens", "train s"], results),
         (f"{goal}training signals (means over training)", second_header, signals),
     ]
+    critics = [[name, *(pm(r["critics_second_half"][key]) for key in CRITIC_MEANS),
+                f"{r['seeds_below_start']}/{len(r['seeds'])}"]
+               for name, r in report["results"].items() if "critics_second_half" in r]
+    if critics:
+        tables.append(("critics, second half of training (mean ± std over seeds)",
+                       ["run", "explained variance", "EV first token", "sign agreement with MC advantage",
+                        "seeds ending below their start"], critics))
     selection = [[name, *(num(r["selection"][key], 0) for key in SELECTION_COUNTERS),
                   *(num(r["selection"][key]) for key in SELECTION_MEANS)]
                  for name, r in report["results"].items() if "selection" in r]

@@ -40,6 +40,10 @@ from poise_trl.rewards import answer_to_str, last_boxed, normalize_gold_answer
 logger = logging.getLogger(__name__)
 
 TOY_EVAL_FILE = Path(__file__).resolve().parents[1] / "data" / "toy-arith" / "eval.jsonl"
+# `toy_task.generate_spread_problems(SPREAD_EVAL_SIZE, SPREAD_EVAL_SEED)`, shipped so the held-out set never
+# changes under a run; tests/test_data.py checks the file against the generator.
+SPREAD_EVAL_FILE = TOY_EVAL_FILE.parents[1] / "toy-arith-spread" / "eval.jsonl"
+SPREAD_EVAL_SIZE, SPREAD_EVAL_SEED = 240, 10_000
 
 # Candidates in order of preference, matched case-insensitively; dotted names reach into nested fields.
 QUESTION_COLUMNS = ("problem", "question", "prompt", "input", "query", "content")
@@ -99,6 +103,14 @@ DATASETS: dict[str, DatasetSpec] = {
         generate=toy_task.generate_problems,
         size=4000,
         files={"test": TOY_EVAL_FILE},
+        eval_split="test",
+    ),
+    "toy-arith-spread": DatasetSpec(
+        "toy-arith with levels 1-6; the tiny model never solves levels 5-6 (prompt difficulty that varies as much "
+        "as a real math set's); train generated from a seed, test shipped in data/toy-arith-spread",
+        generate=toy_task.generate_spread_problems,
+        size=4000,
+        files={"test": SPREAD_EVAL_FILE},
         eval_split="test",
     ),
     "dapo-math-17k": DatasetSpec(

@@ -167,6 +167,9 @@ class LinearValueProbe:
         self._state: dict[str, torch.Tensor] | None = None
         # In-sample predictions of the last fit (not state): saves the estimator a second pass.
         self.insample_predictions: torch.Tensor | None = None
+        # (mean, components, projections) of the last fit's prompt PCA (not state): a prompt-only
+        # probe fitted on the same rows takes it instead of computing the identical PCA again.
+        self.fitted_prompt_pca: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def config(self) -> dict:
@@ -217,13 +220,24 @@ class LinearValueProbe:
             columns.append(features.entropy.to(_F64))
         return torch.cat(columns, dim=1)
 
-    def fit(self, features: RolloutFeatures, targets: torch.Tensor) -> LinearValueProbe:
-        """Fit on all rows (closed-form ridge; the fast PCA only starts from the previous components)."""
+    def fit(
+        self,
+        features: RolloutFeatures,
+        targets: torch.Tensor,
+        prompt_pca: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> LinearValueProbe:
+        """Fit on all rows (closed-form ridge; the fast PCA only starts from the previous components).
+
+        `prompt_pca` is another probe's `fitted_prompt_pca` from these same rows, with the same
+        component count and fit method: it is used instead of fitting that PCA again.
+        """
         y = targets.detach().to("cpu", _F64).flatten()
         if len(features) == 0 or y.numel() != len(features):
             raise ValueError(
                 f"fit needs N > 0 rows and N targets, got {len(features)} rows and {y.numel()} targets"
             )
+        if prompt_pca is not None and prompt_pca[2].shape[0] != len(features):
+            raise ValueError(f"prompt_pca was fitted on {prompt_pca[2].shape[0]} rows, not these {len(features)}")
         # A column sum is finite iff its column is (and a sum is 20x cheaper than isfinite on 4096 x 2560).
         sums = (features.prompt.sum(0), features.response.sum(0), features.entropy.sum(0))
         if not (torch.isfinite(y).all() and all(torch.isfinite(t).all() for t in sums)):
@@ -236,13 +250,17 @@ class LinearValueProbe:
             if not self.use_pca:
                 inputs.append(x.to(_F64))
                 continue
-            if self.fit_method == "exact" or x.shape[1] <= EXACT_PCA_MAX_DIM:
+            if name == "prompt" and prompt_pca is not None:
+                mean, comps, projections = prompt_pca
+            elif self.fit_method == "exact" or x.shape[1] <= EXACT_PCA_MAX_DIM:
                 mean, comps, projections = _fit_pca(x, k)
             else:
                 previous = self._state[f"{name}_components"] if self._state is not None else None
                 mean, comps, projections = _fit_pca_fast(x, k, previous)
             inputs.append(projections)
             state[f"{name}_mean"], state[f"{name}_components"] = mean.cpu(), comps.cpu()
+            if name == "prompt":
+                self.fitted_prompt_pca = (mean, comps, projections)
         entropy = [features.entropy.to(_F64)] if self.inputs == "full" else []
         x = torch.cat([t.cpu() for t in inputs] + entropy, dim=1)
         mean, std = x.mean(0), x.std(0, unbiased=False)
@@ -551,7 +569,7 @@ class ProbeEstimator:
             buffer, probe = self.buffers[key], self.probes[key]
             probe.fit(buffer.features, buffer.targets)
             if self.prompt_probe:
-                self.prompt_probes[key].fit(buffer.features, buffer.targets)
+                self.prompt_probes[key].fit(buffer.features, buffer.targets, prompt_pca=probe.fitted_prompt_pca)
             self.refit_counts[key] += 1
             fitted, observed = probe.insample_predictions.double(), buffer.targets.double()
             prefix = f"{key}/" if self.per_domain else ""

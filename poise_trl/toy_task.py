@@ -1,7 +1,10 @@
 """`toy-arith`: a verifiable arithmetic task with graded difficulty, for the tiny-model world.
 
 Questions are integer additions written in words; the difficulty level is the number of
-digits of each operand (level 1: one digit ... level 4: four digits). The worked solution
+digits of each operand (level 1: one digit ... level 4: four digits). `toy-arith-spread`
+adds levels 5 and 6, which the tiny model was never taught and never solves: prompts that
+differ in difficulty as much as a real math set's do, so a value of the prompt has
+something to explain. The worked solution
 adds column by column from the right with an explicit carry, which is what the tiny model
 is taught to write inside `<think>...</think>` before `\\boxed{answer}`.
 """
@@ -10,7 +13,9 @@ from __future__ import annotations
 
 import random
 
-LEVELS = (1, 2, 3, 4)
+LEVELS = (1, 2, 3, 4)  # toy-arith, the levels the tiny model is taught
+SPREAD_LEVELS = (1, 2, 3, 4, 5, 6)  # toy-arith-spread
+MAX_LEVEL = 9
 
 _TEMPLATES = (
     "What is {a} plus {b}?",
@@ -22,8 +27,8 @@ _TEMPLATES = (
 
 def make_problem(rng: random.Random, level: int) -> dict:
     """One problem of `level` digits per operand: {question, answer, level, a, b}."""
-    if level not in LEVELS:
-        raise ValueError(f"toy-arith level must be one of {LEVELS}, got {level}")
+    if not 1 <= level <= MAX_LEVEL:
+        raise ValueError(f"toy-arith level must be between 1 and {MAX_LEVEL} digits, got {level}")
     low = 0 if level == 1 else 10 ** (level - 1)
     a, b = rng.randint(low, 10**level - 1), rng.randint(low, 10**level - 1)
     question = rng.choice(_TEMPLATES).format(a=a, b=b)
@@ -34,6 +39,11 @@ def generate_problems(n: int, seed: int, levels: tuple[int, ...] = LEVELS) -> li
     """`n` problems, levels in round-robin so every level is equally represented."""
     rng = random.Random(seed)
     return [make_problem(rng, levels[i % len(levels)]) for i in range(n)]
+
+
+def generate_spread_problems(n: int, seed: int) -> list[dict]:
+    """`n` toy-arith-spread problems: levels 1-6 in round-robin."""
+    return generate_problems(n, seed, SPREAD_LEVELS)
 
 
 def worked_solution(a: int, b: int, slip_rate: float = 0.0, rng: random.Random | None = None) -> tuple[str, int]:

@@ -263,3 +263,34 @@ def test_selection_counters_and_a2po_stage_1_zero_signal_share(tmp_path):
     title, header, rows = compare.table_rows(report)[-1]
     assert title.startswith("prompt selection") and rows == [["poise_select", "128", "64", "1800", "0.375", "0.875",
                                                                "-", "-"]]
+
+
+def test_critic_explained_variance_over_the_second_half_and_seeds_below_start(tmp_path):
+    budget = Budget("tokens", 200, points=2)
+    # Explained variance 0.0, 0.1 (first half) then 0.3, 0.5 (second half): the table shows 0.4 for seed 0.
+    critic_log = [{"generated_tokens": 50 * (i + 1), "generated_rollouts": 4, "critic/explained_variance": ev,
+                   "critic/explained_variance_first_token": ev + 0.1, "critic/mc_sign_agreement": 0.9}
+                  for i, ev in enumerate((0.0, 0.1, 0.3, 0.5))]
+    runs = []
+    # Every seed starts at 0.5; seed 1 of asyppo ends below it.
+    for name, log, per_seed_finals in (("asyppo", critic_log, ([0.6, 0.7], [0.6, 0.45])),
+                                       ("grpo", [{"generated_tokens": 50}], ([0.6, 0.7], [0.6, 0.7]))):
+        for seed, finals in enumerate(per_seed_finals):
+            run = compare.PlannedRun(name, tmp_path / f"{name}.yaml", seed, tmp_path / name / str(seed))
+            run.folder.mkdir(parents=True)
+            shifted = [{**e, "critic/explained_variance": e["critic/explained_variance"] + 0.2 * seed}
+                       if "critic/explained_variance" in e else e for e in log]
+            (run.folder / "summary.json").write_text(json.dumps({**fake_summary(seed, finals, [1.0, 2.0]),
+                                                                 "train_log": shifted}))
+            runs.append(run)
+    report = compare.aggregate(runs, budget, None, {"asyppo": {}, "grpo": {}})
+    asyppo, grpo = report["results"]["asyppo"], report["results"]["grpo"]
+    assert [r["critics_second_half"]["critic/explained_variance"] for r in asyppo["runs"]] == [
+        pytest.approx(0.4), pytest.approx(0.6)]
+    assert asyppo["critics_second_half"]["critic/explained_variance"]["mean"] == pytest.approx(0.5)
+    assert asyppo["critics_second_half"]["critic/explained_variance_first_token"]["mean"] == pytest.approx(0.5)
+    assert asyppo["seeds_below_start"] == 1 and grpo["seeds_below_start"] == 0
+    assert "critics_second_half" not in grpo
+    title, header, rows = compare.table_rows(report)[-1]
+    assert title.startswith("critics, second half")
+    assert rows == [["asyppo", "0.500 ± 0.141", "0.500 ± 0.000", "0.900 ± 0.000", "1/2"]]

@@ -13,6 +13,8 @@ import pytest
 from poise_trl import toy_task
 from poise_trl.data import (
     DATASETS,
+    SPREAD_EVAL_SEED,
+    SPREAD_EVAL_SIZE,
     TOY_EVAL_FILE,
     DatasetFormatError,
     DatasetSpec,
@@ -210,6 +212,27 @@ def test_toy_arith_eval_split():
     assert TOY_EVAL_FILE.is_file()
     # The shipped answers are right, so a perfect policy scores 1.0.
     assert all(is_correct(f"\\boxed{{{a}}}", a) for a in ds["answer"][:20])
+
+
+def test_toy_arith_spread_train_and_shipped_eval_come_from_the_generator():
+    train = load_prompt_dataset("toy-arith-spread", limit=60, seed=3)
+    assert sorted(set(train["level"])) == [1, 2, 3, 4, 5, 6]
+    assert [user_text(row) for row in train] == [p["question"] for p in toy_task.generate_spread_problems(60, seed=3)]
+    assert held_out_split("toy-arith-spread") == "test"
+    held_out = load_prompt_dataset("toy-arith-spread", split="test")
+    expected = toy_task.generate_spread_problems(SPREAD_EVAL_SIZE, SPREAD_EVAL_SEED)
+    assert [user_text(row) for row in held_out] == [p["question"] for p in expected]
+    assert list(held_out["answer"]) == [p["answer"] for p in expected]
+    assert list(held_out["level"]) == [p["level"] for p in expected]
+    six_digits = held_out.filter(lambda row: row["level"] == 6)
+    assert all(len(answer) >= 6 for answer in six_digits["answer"])
+
+
+def test_toy_arith_level_out_of_range_is_refused():
+    import random
+
+    with pytest.raises(ValueError, match="between 1 and 9 digits, got 0"):
+        toy_task.make_problem(random.Random(0), 0)
 
 
 def test_registry_entries():

@@ -153,6 +153,21 @@ def test_fast_fit_deterministic_for_inputs_and_state():
     assert (cold.predict(f1) - a.predict(f1)).abs().mean() < 0.01
 
 
+@pytest.mark.parametrize("fit_method", ["fast", "exact"])
+def test_prompt_only_probe_reusing_the_main_probes_prompt_pca_fits_identically(fit_method):
+    main, own = LinearValueProbe(fit_method=fit_method), LinearValueProbe(fit_method=fit_method, inputs="prompt")
+    reusing = LinearValueProbe(fit_method=fit_method, inputs="prompt")
+    for seed in (0, 1):  # the second fit warm-starts from the first under "fast"
+        features, targets = realistic(256, seed=seed)
+        main.fit(features, targets)
+        own.fit(features, targets)
+        reusing.fit(features, targets, prompt_pca=main.fitted_prompt_pca)
+        for name, tensor in own.state_dict().items():
+            assert torch.equal(tensor, reusing.state_dict()[name]), name
+    with pytest.raises(ValueError, match="fitted on 256 rows, not these 128"):
+        reusing.fit(features[:128], targets[:128], prompt_pca=main.fitted_prompt_pca)
+
+
 def test_estimator_resume_round_trip_with_fast_fit(tmp_path):
     est = ProbeEstimator(bootstrap_steps=2, capacity_rows=384)
     assert est.config["fit_method"] == "fast"

@@ -58,6 +58,7 @@ with suppress_experimental_warning():  # TRL's own imports of trl.experimental d
     from trl.experimental.a2po import A2POConfig, A2POTrainer
 
 from poise_trl.recipe import RecipeError
+from poise_trl.trainers.base import summed_over_processes
 
 A2PO_STATE_FILE = "a2po_state.json"
 ZERO_TARGET_TOLERANCE = 1e-6
@@ -130,10 +131,6 @@ class CountingA2POTrainer(A2POTrainer):
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _global_sum(self, *values: int) -> list[int]:
-        local = torch.tensor(values, dtype=torch.long, device=self.accelerator.device)
-        return [int(v) for v in self.accelerator.gather(local).view(-1, len(values)).sum(dim=0).tolist()]
-
     def _eval_callback(self):
         from poise_trl.callbacks import HeldOutEvalCallback
 
@@ -195,7 +192,7 @@ class CountingA2POTrainer(A2POTrainer):
             # its seconds are training compute, on the curve's time axis like its tokens.
             callback.train_seconds += self.stage1_seconds
             callback.wall_clock_before += self.stage1_seconds
-        self.stage1_tokens, self.stage1_rollouts = self._global_sum(tokens, rollouts)
+        self.stage1_tokens, self.stage1_rollouts = summed_over_processes(self.accelerator, [tokens, rollouts])
         self.generated_tokens += self.stage1_tokens
         self.generated_rollouts += self.stage1_rollouts
         self.zero_signal_rollouts += self.stage1_rollouts
@@ -221,7 +218,8 @@ class CountingA2POTrainer(A2POTrainer):
             completion_ids = output["input_ids"][:, -output["logits_to_keep"]:]
             lengths = completion_lengths(completion_ids, self.eos_token_ids)
             zero = (output["rewards"] - output["v_star"]).abs() < ZERO_TARGET_TOLERANCE
-            tokens, rollouts, zero_signal = self._global_sum(int(lengths.sum()), lengths.numel(), int(zero.sum()))
+            tokens, rollouts, zero_signal = summed_over_processes(
+                self.accelerator, [int(lengths.sum()), lengths.numel(), int(zero.sum())])
             self.generated_tokens += tokens
             self.generated_rollouts += rollouts
             self.zero_signal_rollouts += zero_signal

@@ -16,6 +16,13 @@ import torch
 from trl import GRPOTrainer
 
 
+def summed_over_processes(accelerator, values: list[float] | torch.Tensor) -> list[float]:
+    """Each entry of a small vector of counts or sums, added over all processes (every process passes
+    the same number of entries)."""
+    local = torch.as_tensor(values, device=accelerator.device)
+    return accelerator.gather(local).view(-1, local.numel()).sum(dim=0).tolist()
+
+
 class CountingGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer, plus exact global counts of the completion tokens and rollouts
     generated for training: every generation round, including rounds whose groups DAPO's
@@ -45,9 +52,8 @@ class CountingGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Called once per generation round, after truncation at EOS.
         if self.model.training:
-            local = torch.tensor([sum(len(ids) for ids in completion_ids_list), len(completion_ids_list)],
-                                 device=self.accelerator.device)
-            tokens, rollouts = self.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
+            tokens, rollouts = summed_over_processes(
+                self.accelerator, [sum(len(ids) for ids in completion_ids_list), len(completion_ids_list)])
             self.generated_tokens += int(tokens)
             self.generated_rollouts += int(rollouts)
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -109,7 +115,7 @@ class AdvantageTrainer(CountingGRPOTrainer):
         # which have one shape everywhere, not the ragged selections.
         values = advantages.float() if advantages.dim() == 1 else advantages[completion_mask.bool()].float()
         stats = torch.stack([values.new_tensor(float(values.numel())), values.sum(), values.pow(2).sum()])
-        count, total, squares = self.accelerator.gather(stats).view(-1, 3).sum(dim=0).tolist()
+        count, total, squares = summed_over_processes(self.accelerator, stats)
         mean = total / max(count, 1.0)
         variance = (squares - count * mean**2) / (count - 1) if count > 1 else 0.0
         self._metrics["train"]["advantages/mean"].append(mean)

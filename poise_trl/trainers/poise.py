@@ -66,7 +66,7 @@ from poise_trl.features import (
 from poise_trl.probe import PROBE_INPUTS, ProbeEstimator, probe_metrics
 from poise_trl.process_rewards import ProcessRewardArguments, ProcessRewardMixin
 from poise_trl.provenance import write_json
-from poise_trl.trainers.base import AdvantageTrainer, PromptStream
+from poise_trl.trainers.base import AdvantageTrainer, PromptStream, summed_over_processes
 
 PROBE_STATE_FILE = "poise_probe.safetensors"
 SELECTION_STATE_FILE = "poise_selection.json"
@@ -310,9 +310,8 @@ class POISETrainer(AdvantageTrainer):
         return pad(ids, padding_value=pad_id, padding_side="left"), pad(masks, padding_value=0, padding_side="left")
 
     def _log_selection(self, predicted: torch.Tensor, chosen: list[int], scored: int, prefill_tokens: int) -> None:
-        device = self.accelerator.device
-        local = torch.tensor([scored, scored - len(chosen), prefill_tokens], device=device)
-        scored_all, skipped_all, tokens_all = self.accelerator.gather(local).view(-1, 3).sum(dim=0).tolist()
+        scored_all, skipped_all, tokens_all = summed_over_processes(
+            self.accelerator, [scored, scored - len(chosen), prefill_tokens])
         counts = self.selection_counts
         counts["candidates_scored"] += int(scored_all)
         counts["prompts_skipped"] += int(skipped_all)

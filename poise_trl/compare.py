@@ -141,15 +141,20 @@ def log_series(train_log: list[dict], key: str, unit: str = "tokens") -> list[tu
     return series
 
 
+def logged_values(train_log: list[dict], key: str) -> list[float]:
+    """Every value of `key` in the training log, in step order (entries without it skipped)."""
+    return [e[key] for e in train_log if e.get(key) is not None]
+
+
 def selection_summary(train_log: list[dict]) -> dict[str, float]:
     """The last value of each selection counter and the mean of each per-step share ({} without selection)."""
     summary = {}
     for key in SELECTION_COUNTERS:
-        values = [e[key] for e in train_log if e.get(key) is not None]
+        values = logged_values(train_log, key)
         if values:
             summary[key] = values[-1]
     for key in SELECTION_MEANS:
-        values = [e[key] for e in train_log if e.get(key) is not None]
+        values = logged_values(train_log, key)
         if values:
             summary[key] = sum(values) / len(values)
     return summary
@@ -159,7 +164,7 @@ def critic_summary(train_log: list[dict]) -> dict[str, float]:
     """The mean of each critic diagnostic over the second half of its logged steps ({} without critics)."""
     summary = {}
     for key in CRITIC_MEANS:
-        values = [e[key] for e in train_log if e.get(key) is not None]
+        values = logged_values(train_log, key)
         if values:
             second_half = values[len(values) // 2:]
             summary[key] = sum(second_half) / len(second_half)

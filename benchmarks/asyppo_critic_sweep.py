@@ -25,12 +25,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from poise_trl import estimators
+from poise_trl.build import load_datasets, parse_recipe
 from poise_trl.critics import CriticEnsemble
+from poise_trl.loading import load_tokenizer, resolve_model_path
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.recipe import split_recipe
 from poise_trl.rewards import math_accuracy_reward
-from poise_trl.train import load_datasets, load_tokenizer
-from poise_trl.trainers.asyppo import AsyPPOConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,10 +98,11 @@ def main() -> None:
     cli = parser.parse_args()
 
     os.chdir(REPO)
-    settings, _ = split_recipe({"algo": "asyppo", "model": "data/tiny-qwen3", "dataset": "toy-arith"}, AsyPPOConfig)
+    settings = parse_recipe({"algo": "asyppo", "model": "data/tiny-qwen3", "dataset": "toy-arith"}).settings
     train_set, _ = load_datasets(settings, seed=0)
-    tokenizer = load_tokenizer("data/tiny-qwen3")
-    actor = AutoModelForCausalLM.from_pretrained("data/tiny-qwen3", dtype=torch.float32).eval()
+    actor_path = resolve_model_path(settings.model)
+    tokenizer = load_tokenizer(actor_path)
+    actor = AutoModelForCausalLM.from_pretrained(actor_path, dtype=torch.float32).eval()
     started = time.perf_counter()
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(0)).tolist()
     batches = [rollouts(actor, tokenizer, [train_set[i] for i in order[b * cli.prompts:(b + 1) * cli.prompts]],
@@ -116,7 +116,7 @@ def main() -> None:
     for critic, lr, epochs in itertools.product(cli.critics.split(","), map(float, cli.lrs.split(",")),
                                                 map(int, cli.epochs.split(","))):
         t0 = time.perf_counter()
-        per_round = replay(batches, critic, cli.generations, lr, epochs, num_critics=2, seed=0)
+        per_round = replay(batches, resolve_model_path(critic), cli.generations, lr, epochs, num_critics=2, seed=0)
         summary = mean_second_half(per_round)
         results.append({"critic_model": critic, "critic_learning_rate": lr, "critic_epochs": epochs,
                         "mean_second_half": summary, "seconds": round(time.perf_counter() - t0, 1),

@@ -52,10 +52,10 @@ def worker(recipe_path: str, steps: int, overrides: list[str], threads: int) -> 
     torch.set_num_threads(threads)
     from transformers import TrainerCallback
 
-    from poise_trl.recipe import load_recipe, split_recipe
+    from poise_trl.build import load_datasets, parse_recipe
+    from poise_trl.loading import load_tokenizer, resolve_model_path
+    from poise_trl.recipe import load_recipe
     from poise_trl.rewards import get_reward_functions
-    from poise_trl.train import build_config, load_datasets, load_tokenizer, resolve_model_path
-    from poise_trl.trainers import get_algorithm
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -71,10 +71,9 @@ def worker(recipe_path: str, steps: int, overrides: list[str], threads: int) -> 
     for key in ("eval_every", "eval_num_samples", "eval_max_new_tokens", "eval_temperature", "eval_batch_size"):
         recipe.pop(key, None)
     recipe.update(max_steps=steps, logging_steps=steps, save_strategy="no")
-    algo = get_algorithm(recipe["algo"])
-    settings, config_kwargs = split_recipe(recipe, algo.config_class)
     out = tempfile.mkdtemp(prefix="asyppo_memory_")
-    args = build_config(recipe["algo"], config_kwargs, out)
+    parsed = parse_recipe(recipe, out)
+    algo, settings, args = parsed.algorithm, parsed.settings, parsed.args
     model = resolve_model_path(settings.model)
     train_set, _ = load_datasets(settings, seed=args.seed)
     tokenizer = load_tokenizer(model)

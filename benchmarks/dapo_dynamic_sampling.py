@@ -27,11 +27,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from poise_trl.build import load_datasets, parse_recipe  # noqa: E402
+from poise_trl.loading import load_tokenizer, resolve_model_path  # noqa: E402
 from poise_trl.provenance import package_versions, write_json  # noqa: E402
-from poise_trl.recipe import load_recipe, split_recipe  # noqa: E402
+from poise_trl.recipe import load_recipe  # noqa: E402
 from poise_trl.rewards import get_reward_functions  # noqa: E402
-from poise_trl.train import build_config, load_datasets, load_tokenizer, resolve_model_path  # noqa: E402
-from poise_trl.trainers.dapo import DAPOConfig, DAPOTrainer  # noqa: E402
+from poise_trl.trainers.dapo import DAPOTrainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,8 +52,8 @@ class TimedDAPOTrainer(DAPOTrainer):
 
 def run(recipe: dict, steps: int, output_dir: Path, dynamic: bool) -> dict:
     recipe = {**recipe, "max_steps": steps, "save_strategy": "no", "logging_steps": steps, "dynamic_sampling": dynamic}
-    settings, config_kwargs = split_recipe(recipe, DAPOConfig)
-    args = build_config("dapo", config_kwargs, str(output_dir))
+    parsed = parse_recipe(recipe, str(output_dir))
+    settings, args = parsed.settings, parsed.args
     model = resolve_model_path(settings.model)
     train_set, _ = load_datasets(settings, seed=args.seed)
     trainer = TimedDAPOTrainer(model=model, reward_funcs=get_reward_functions(settings.rewards), args=args,

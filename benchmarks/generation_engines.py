@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MODEL = REPO_ROOT / "data" / "tiny-qwen3"
+MODEL = REPO_ROOT / "poise_trl" / "data" / "tiny-qwen3"
 
 
 def bench_workload(engine: str, prompts: list, answers: list, samples: int, max_new_tokens: int) -> dict:
@@ -43,7 +43,7 @@ def bench_workload(engine: str, prompts: list, answers: list, samples: int, max_
     else:
         from transformers import AutoModelForCausalLM
 
-        from poise_trl.train import load_tokenizer
+        from poise_trl.loading import load_tokenizer
 
         model, tokenizer = AutoModelForCausalLM.from_pretrained(MODEL), load_tokenizer(str(MODEL))
         load_seconds = time.perf_counter() - started
@@ -86,8 +86,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    from poise_trl.data import load_prompt_dataset
     from poise_trl.generation import close_vllm_engines, vllm_import_error
+    from poise_trl.prompts import load_prompt_dataset
     from poise_trl.provenance import package_versions, write_json
 
     if vllm_import_error():

@@ -1,11 +1,14 @@
-"""Accuracy of our grader, and of math-verify alone, on the public answer-equivalence suite.
+"""Accuracy of our grader, and of math-verify alone, on the answer-equivalence suite, by source.
 
-The suite (tests/fixtures/grader/cases.jsonl) holds (prediction, gold, expected, source) cases from
-math-verify's own tests, the MATH grader's `is_equiv` tests, Qwen2.5-Math's grader examples, Minerva's
-answer normalisation (lm-evaluation-harness), and cases constructed on golds from public evaluation
-files. "math-verify alone" is its documented use: `verify(parse(gold), parse(prediction))`, a bare gold
-wrapped in `$...$`. Also times the fast path and a stuck grade cut at its timeout. Writes
-benchmarks/results/grader_accuracy.json and prints the table.
+The suite (tests/fixtures/grader/cases.jsonl) holds (prediction, gold, expected, source) cases. External
+suites, each case quoted from a named file: math-verify's own tests (huggingface/Math-Verify tests/), the
+MATH grader's `is_equiv` tests (hendrycks/math modeling/math_equivalence_test.py), Qwen2.5-Math's grader
+examples (evaluation/grader.py) and Minerva's few-shot solutions (lm-evaluation-harness minerva_math).
+The project's own cases (source `own: ...`: built on golds of public evaluation files, or exercising one
+normalisation rule) are reported apart, so that they cannot inflate the external numbers. "math-verify
+alone" is its documented use: `verify(parse(gold), parse(prediction))`, a bare gold wrapped in `$...$`.
+Also times the fast path and a stuck grade cut at its timeout. Writes the JSON named by --output (a path
+relative to the repository) and prints the table.
 
     python benchmarks/grader_accuracy.py
 """
@@ -32,9 +35,22 @@ def load_cases(path: Path = CASES) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+EXTERNAL_SUITES = ("math-verify", "MATH", "Qwen2.5-Math", "Minerva")
+OWN = "own"
+
+
 def source_group(source: str) -> str:
-    """The suite a case comes from: the first word of its source (`math-verify tests/...` -> math-verify)."""
+    """The suite a case comes from: the first word of its source (`math-verify tests/...` -> math-verify,
+    `own: ...` -> own)."""
     return source.split()[0].rstrip(":")
+
+
+def groups_of(case: dict) -> list[str]:
+    """Every row of the table that counts `case`: its suite, external or own, all, and its expected verdict."""
+    group = source_group(case["source"])
+    origin = "external (all suites)" if group in EXTERNAL_SUITES else OWN
+    verdict = "expected equal" if case["expected"] else "expected not equal"
+    return list(dict.fromkeys([group, origin, "all", verdict]))
 
 
 def math_verify_alone(prediction: str, gold: str) -> bool:
@@ -68,7 +84,8 @@ def timings(calls: int = 200) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default=str(REPO / "benchmarks" / "results" / "grader_accuracy.json"))
+    parser.add_argument("--output", default="benchmarks/results/grader_accuracy.json",
+                        help="where to write the JSON, relative to the repository root")
     args = parser.parse_args()
 
     cases = load_cases()
@@ -81,12 +98,13 @@ def main() -> None:
 
     by_group: dict[str, dict[str, list[bool]]] = defaultdict(lambda: {"ours": [], "math_verify": []})
     for case, our, theirs in zip(cases, ours, alone, strict=True):
-        for group in (source_group(case["source"]), "all", "expected equal" if case["expected"] else "expected not equal"):
+        for group in groups_of(case):
             by_group[group]["ours"].append(our == case["expected"])
             by_group[group]["math_verify"].append(theirs == case["expected"])
+    rank = {name: i for i, name in enumerate([*EXTERNAL_SUITES, "external (all suites)", OWN, "all"])}
     table = {
         group: {"cases": len(hits["ours"]), **{who: sum(h) / len(h) for who, h in hits.items()}}
-        for group, hits in by_group.items()
+        for group, hits in sorted(by_group.items(), key=lambda item: rank.get(item[0], len(rank)))
     }
     failures = [
         {**case, "ours": our} for case, our in zip(cases, ours, strict=True) if our != case["expected"]
@@ -101,7 +119,8 @@ def main() -> None:
     for failure in failures:
         print(f"  ours wrong: expected {failure['expected']}: gold {failure['gold'][:60]!r}, "
               f"prediction {failure['prediction'][-60:]!r} ({failure['source']})")
-    write_json(args.output, {
+    write_json(REPO / args.output, {
+        "command": "python benchmarks/grader_accuracy.py",
         "suite": str(CASES.relative_to(REPO)),
         "accuracy": table,
         "seconds": {"ours": ours_seconds, "math_verify": alone_seconds},

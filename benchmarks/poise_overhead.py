@@ -18,10 +18,10 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from poise_trl.build import load_datasets, parse_recipe
+from poise_trl.loading import load_tokenizer, resolve_model_path
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.recipe import split_recipe
 from poise_trl.rewards import get_reward_functions
-from poise_trl.train import build_config, load_datasets, load_tokenizer, resolve_model_path
 from poise_trl.trainers import get_algorithm
 
 
@@ -46,9 +46,8 @@ def run(algo: str, model: str, steps: int, num_iterations: int, out: Path) -> di
     if algo == "poise":
         recipe.update(probe_bootstrap_steps=2, probe_prompt_components=16, probe_response_components=32,
                       probe_buffer_rows=1024, probe_ridge_alpha=10.0)
-    config_class = get_algorithm(algo).config_class
-    settings, config_kwargs = split_recipe(recipe, config_class)
-    args = build_config(algo, config_kwargs, str(out / f"{algo}-it{num_iterations}"))
+    parsed = parse_recipe(recipe, str(out / f"{algo}-it{num_iterations}"))
+    settings, args = parsed.settings, parsed.args
     train_set, _ = load_datasets(settings, seed=0)
     trainer_class = get_algorithm(algo).trainer_class  # grpo: TRL's trainer plus the pass counter
     timer = StepTimer()

@@ -196,9 +196,9 @@ def step_point(algo: str, model_dir: Path, hidden: int, batch: int, length: int,
                num_iterations: int = 1) -> dict:
     from transformers import TrainerCallback
 
-    from poise_trl.recipe import split_recipe
+    from poise_trl.build import load_datasets, parse_recipe
+    from poise_trl.loading import load_tokenizer
     from poise_trl.rewards import get_reward_functions
-    from poise_trl.train import build_config, load_datasets, load_tokenizer
     from poise_trl.trainers import get_algorithm
 
     recipe = {
@@ -210,8 +210,8 @@ def step_point(algo: str, model_dir: Path, hidden: int, batch: int, length: int,
     }
     if algo == "poise":
         recipe.update(probe_bootstrap_steps=1, probe_buffer_rows=4096)
-    settings, config_kwargs = split_recipe(recipe, get_algorithm(algo).config_class)
-    args = build_config(algo, config_kwargs, str(workdir / algo))
+    parsed = parse_recipe(recipe, str(workdir / algo))
+    settings, args = parsed.settings, parsed.args
     train_set, _ = load_datasets(settings, seed=0)
     # Wall seconds, and CPU seconds of this process: on a machine shared with other jobs the CPU
     # time of a one-thread run is the steadier measure of the work done.
@@ -315,15 +315,16 @@ def step_sweep(cli, workdir: Path) -> list[dict]:
 def toy_variance_reduction(steps: int, workdir: Path) -> dict:
     import poise_trl.probe as probe_module
     from poise_trl import estimators
-    from poise_trl.recipe import load_recipe, split_recipe
+    from poise_trl.build import load_datasets, parse_recipe
+    from poise_trl.loading import load_tokenizer, resolve_model_path
+    from poise_trl.recipe import load_recipe
     from poise_trl.rewards import get_reward_functions
-    from poise_trl.train import build_config, load_datasets, load_tokenizer, resolve_model_path
     from poise_trl.trainers import get_algorithm
 
     recipe = {**load_recipe("recipes/toy/poise.yaml"), "max_steps": steps, "save_strategy": "no"}
     algo = get_algorithm("poise")
-    settings, config_kwargs = split_recipe(recipe, algo.config_class)
-    args = build_config("poise", config_kwargs, str(workdir / "toy_vr"))
+    parsed = parse_recipe(recipe, str(workdir / "toy_vr"))
+    settings, args = parsed.settings, parsed.args
     train_set, _ = load_datasets(settings, seed=args.seed)
     model = resolve_model_path(settings.model)
     trainer = algo.trainer_class(model=model, reward_funcs=get_reward_functions(settings.rewards), args=args,

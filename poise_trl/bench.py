@@ -10,7 +10,7 @@ depend on what an interrupted one had finished: resumed results are those of a f
 refused instead of mixing samples.
 
 A benchmark is a registered name (BENCHMARKS), a registered dataset, a local file or folder, or a hub id, in
-any schema poise_trl.data reads. The `poise` preset is the paper's protocol (seed 000, Sec. 4.1: Avg@32 at
+any schema poise_trl.prompts reads. The `poise` preset is the paper's protocol (seed 000, Sec. 4.1: Avg@32 at
 T=0.6, top-p 0.95 on AMC23/24, AIME24/25/26, HMMT25, BRUMO25). Results are also written as EvalScope
 reports (`<output_dir>/reports/<model>/<bench>.json`, so `evalscope app --outputs <parent of output_dir>`
 lists them) and can be added to a hub model card as model-index entries (`eval_results`).
@@ -34,13 +34,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from poise_trl.callbacks import progress_bars
-from poise_trl.data import (
-    DATA_SUFFIXES,
-    DATASETS,
-    DatasetUnavailableError,
-    held_out_split,
-    load_prompt_dataset,
-)
 from poise_trl.generation import (
     ENGINES,
     Sample,
@@ -49,9 +42,17 @@ from poise_trl.generation import (
     sample_vllm,
     start_engine,
 )
+from poise_trl.loading import load_tokenizer, resolve_model_path
+from poise_trl.metrics import mean_and_stderr, pass_at_k, pass_ks
+from poise_trl.prompts import (
+    DATA_SUFFIXES,
+    DATASETS,
+    DatasetUnavailableError,
+    held_out_split,
+    load_prompt_dataset,
+)
 from poise_trl.provenance import package_versions, write_json
 from poise_trl.rewards import extract_final_answer, is_correct
-from poise_trl.train import load_tokenizer, resolve_model_path
 
 # The instruction of the reference protocol (DeepSeek-R1 / MathArena style evaluations).
 REFERENCE_SUFFIX = "Please output the final answer within \\boxed{}."
@@ -63,13 +64,13 @@ class BenchError(ValueError):
 
 @dataclass(frozen=True)
 class Benchmark:
-    source: str | None  # a name in poise_trl.data's registry, or a hub dataset id; None: --data-file only
+    source: str | None  # a name in poise_trl.prompts's registry, or a hub dataset id; None: --data-file only
     split: str | None = None  # a hub id's split; registered names use their held-out split
     prompt_suffix: str | None = REFERENCE_SUFFIX
     max_new_tokens: int = 32768  # reasoning models need long budgets on competition math
 
 
-# Names that poise_trl.data already registers are passed to it as names, so hub ids live in one place.
+# Names that poise_trl.prompts already registers are passed to it as names, so hub ids live in one place.
 # The other ids were checked by searching stored copies of huggingface.co pages and public code, not by
 # downloading (no network here): MathArena/aime_2026's dataset card lists `problem` and `answer` columns
 # and 30 problems in a `train` split; MathArena/hmmt_feb_2025 and MathArena/brumo_2025 are in MathArena's
@@ -167,7 +168,7 @@ def benchmark_name(target: str, data_file: str | Path | None = None, name: str |
 def load_benchmark(name: str, data_file: str | Path | None = None, request: DataRequest | None = None,
                    seed: int = 0):
     """The benchmark's prompts (`prompt`, `answer`): from `data_file` (a file or folder in any schema
-    poise_trl.data reads) when given, else from its source (see `benchmark_source`)."""
+    poise_trl.prompts reads) when given, else from its source (see `benchmark_source`)."""
     request = request or DataRequest()
     spec = benchmark_source(name, data_file)
     split = request.split or (held_out_split(spec.source) if spec.source in DATASETS else spec.split)
@@ -257,26 +258,6 @@ def majority_correct(records: list[dict]) -> bool:
 # ------------------------------------------------------------------------------------------- metrics
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def pass_ks(n: int) -> list[int]:
-    """k = 1, 2, 4, ... up to n, and n itself."""
-    ks = [2**i for i in range(n.bit_length()) if 2**i <= n]
-    return ks if ks[-1] == n else ks + [n]
-
-
-def _mean_and_stderr(values: list[float]) -> dict:
-    """Mean over problems and its standard error: a benchmark is a sample of problems."""
-    mean = sum(values) / len(values)
-    var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
-    return {"value": mean, "stderr": math.sqrt(var / len(values))}
-
-
 def compute_metrics(records: dict[tuple[int, int], dict], num_problems: int, num_samples: int) -> dict:
     """Avg@n, maj@n and pass@k over problems (each with its standard error), mean response length in
     tokens and the fraction of responses cut off by the token budget."""
@@ -287,11 +268,11 @@ def compute_metrics(records: dict[tuple[int, int], dict], num_problems: int, num
         raise BenchError("cannot score an incomplete run: some problems lack samples")
     correct = [sum(r["correct"] for r in rs) for rs in by_problem]
     scores = {
-        "avg": _mean_and_stderr([c / num_samples for c in correct]),
-        "maj": _mean_and_stderr([float(majority_correct(rs)) for rs in by_problem]),
+        "avg": mean_and_stderr([c / num_samples for c in correct]),
+        "maj": mean_and_stderr([float(majority_correct(rs)) for rs in by_problem]),
     }
     for k in pass_ks(num_samples):
-        scores[f"pass@{k}"] = _mean_and_stderr([pass_at_k(num_samples, c, k) for c in correct])
+        scores[f"pass@{k}"] = mean_and_stderr([pass_at_k(num_samples, c, k) for c in correct])
     flat = [r for rs in by_problem for r in rs]
     return {
         "num_problems": num_problems,

@@ -20,11 +20,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from poise_trl.generation import evaluate_accuracy
+from poise_trl.metrics import calibration_bins, mean_or_none
 from poise_trl.provenance import write_json
-from poise_trl.recipe import write_checkpoint_marker
+from poise_trl.run_folder import checkpoint_folder, write_checkpoint_marker
 
 
 @contextmanager
@@ -167,7 +167,7 @@ class HeldOutEvalCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            write_json(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / LEDGER_FILE,
+            write_json(checkpoint_folder(args.output_dir, state.global_step) / LEDGER_FILE,
                        self._ledger())
 
     def budget_spent_in(self, checkpoint: str) -> bool:
@@ -328,7 +328,7 @@ class ProbeReportCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            write_json(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / PROBE_HISTORY_FILE,
+            write_json(checkpoint_folder(args.output_dir, state.global_step) / PROBE_HISTORY_FILE,
                        {"history": self.trainer.probe_history})
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -351,7 +351,7 @@ class ProbeReportCallback(TrainerCallback):
         history = self.trainer.probe_history
         active = [h for h in history if h.get("probe_active")]
         keys = ("mae", "rmse", "pearson", "brier_skill", "pairwise_sign_acc", "variance_reduction")
-        summary = {k: _mean([h[k] for h in active if k in h]) for k in keys}
+        summary = {k: mean_or_none([h[k] for h in active if k in h]) for k in keys}
         estimator = self.trainer.value_estimator
         report = {
             "rounds": len(history),
@@ -379,33 +379,8 @@ class CheckpointMarkerCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            folder = checkpoint_folder(args.output_dir, state.global_step)
             write_checkpoint_marker(folder, state.global_step)
-
-
-def _mean(values: list[float]) -> float | None:
-    finite = [v for v in values if v == v]
-    return sum(finite) / len(finite) if finite else None
-
-
-def calibration_bins(records: list[dict], bins: int = 10) -> list[dict]:
-    """Out-of-sample predictions binned by value, with the mean realized reward of each bin.
-
-    With 2 rollouts the realized target is 0 or 1, so calibration per bin is what "predicted
-    vs realized" can show: a calibrated probe puts each bin's mean on the diagonal.
-    """
-    sums, pred_sums, counts = [0.0] * bins, [0.0] * bins, [0] * bins
-    for record in records:
-        for p, t in zip(record["predictions"], record["targets"], strict=True):
-            b = min(int(p * bins), bins - 1)
-            sums[b] += t
-            pred_sums[b] += p
-            counts[b] += 1
-    return [
-        {"mean_predicted": pred_sums[b] / counts[b], "mean_realized": sums[b] / counts[b], "count": counts[b]}
-        for b in range(bins)
-        if counts[b]
-    ]
 
 
 def _plot_predicted_vs_realized(calibration: list[dict], records: list[dict], path) -> None:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from poise_trl.callbacks import Budget
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.recipe import RecipeError, differing_settings, load_recipe, read_yaml, split_recipe
+from poise_trl.recipe import RecipeError, load_recipe, read_yaml
+from poise_trl.run_folder import differing_settings
 
 SIGNAL_BINS = 10
 # Trainer-log series shown over training: (log key, title). POISE's probe metrics only exist
@@ -213,13 +214,13 @@ def plan_runs(recipe_paths: list[Path], seeds: list[int], output_dir: Path) -> l
 def check_recipes(recipe_paths: list[Path], overrides: list[str]) -> tuple[dict[str, dict], list[str]]:
     """Load and validate every recipe before anything runs (a typo must not surface an hour
     in); returns the recipes and warnings worth showing."""
-    from poise_trl.trainers import get_algorithm
+    from poise_trl.build import parse_recipe
 
     recipes, warnings = {}, []
     for name, path in zip(run_names(recipe_paths), recipe_paths, strict=True):
         recipe = load_recipe(path, overrides)
         try:
-            split_recipe(recipe, get_algorithm(recipe.get("algo", "grpo")).config_class)
+            parse_recipe(recipe)
         except ValueError as exc:
             raise RecipeError(f"{path}: {exc}") from None
         if recipe.get("lr_scheduler_type", "linear") not in ("constant", "constant_with_warmup"):

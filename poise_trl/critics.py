@@ -32,10 +32,11 @@ import json
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
 from transformers.utils import logging as hf_logging
+
+from poise_trl.distributed import broadcast_from_main, summed_in_place
 
 STATE_FILE = "state.json"
 RNG_FILE = "rng.safetensors"
@@ -85,22 +86,6 @@ def token_values(critic: PreTrainedModel, input_ids: torch.Tensor, attention_mas
     return logits[:, -logits_to_keep - 1 : -1, 0].float()
 
 
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _sum_over_processes(tensor: torch.Tensor) -> torch.Tensor:
-    if _world_size() > 1:
-        dist.all_reduce(tensor)
-    return tensor
-
-
-def _broadcast_from_main(module: torch.nn.Module) -> None:
-    if _world_size() > 1:
-        for tensor in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(tensor.data, src=0)
-
-
 class CriticEnsemble:
     """M critics, each with its own AdamW, trained on disjoint rows (seed 001, L_critic)."""
 
@@ -118,7 +103,7 @@ class CriticEnsemble:
             # FSDP with cpu_ram_efficient_loading (recipes/accelerate/fsdp2.yaml) transformers reads
             # the weights on process 0 alone and leaves other processes' from_pretrained weights
             # uninitialised, relying on FSDP's broadcast, which the critics never get: they get this one.
-            _broadcast_from_main(critic)
+            broadcast_from_main(critic)
             if gradient_checkpointing:
                 critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             critic.config.use_cache = False
@@ -189,7 +174,7 @@ class CriticEnsemble:
         for _ in range(self.epochs):
             order = rows[torch.randperm(rows.numel(), generator=self.generator).to(rows.device)]
             for batch in order.split(self.mini_batch_size):
-                tokens = _sum_over_processes(valid[batch].sum().float())
+                tokens = summed_in_place(valid[batch].sum().float())
                 optimizer.zero_grad(set_to_none=True)
                 squared_error = torch.zeros((), device=self.device)
                 for micro in batch.split(self.micro_batch_size):
@@ -201,10 +186,10 @@ class CriticEnsemble:
                     squared_error += loss.detach()
                 for param in critic.parameters():
                     if param.grad is not None:
-                        _sum_over_processes(param.grad)
+                        summed_in_place(param.grad)
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), self.max_grad_norm)
                 optimizer.step()
-                losses.append((_sum_over_processes(squared_error) / tokens.clamp(min=1)).item())
+                losses.append((summed_in_place(squared_error) / tokens.clamp(min=1)).item())
         optimizer.zero_grad(set_to_none=True)
         return sum(losses) / len(losses)
 

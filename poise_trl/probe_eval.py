@@ -55,7 +55,8 @@ from poise_trl.generation import (
     sample_vllm,
     start_engine,
 )
-from poise_trl.probe import LinearValueProbe, _pearson
+from poise_trl.metrics import paired_bootstrap, value_metrics
+from poise_trl.probe import LinearValueProbe
 from poise_trl.provenance import package_versions, write_json, write_text
 from poise_trl.rewards import answer_to_str, is_correct
 
@@ -110,84 +111,6 @@ class ProbeEvalSettings:
 
 
 # ------------------------------------------------------------------------------------------- metrics
-
-
-def mae(pred: torch.Tensor, target: torch.Tensor) -> float:
-    return float((pred.double() - target.double()).abs().mean())
-
-
-def rmse(pred: torch.Tensor, target: torch.Tensor) -> float:
-    return math.sqrt(float((pred.double() - target.double()).pow(2).mean()))
-
-
-def brier_skill(pred: torch.Tensor, target: torch.Tensor) -> float:
-    """1 - MSE / Var(target) (population variance), as poise-spec's metric; NaN for a constant target.
-
-    0 is the skill of predicting the evaluation set's own mean, so the train-mean constant scores <= 0.
-    """
-    var = float(target.double().var(unbiased=False))
-    return 1.0 - rmse(pred, target) ** 2 / var if var > 0 else float("nan")
-
-
-def ranks(x: torch.Tensor) -> torch.Tensor:
-    """1-based ranks with ties sharing their average rank: #smaller + (#equal + 1) / 2."""
-    x = x.double()
-    return (x[:, None] > x[None, :]).sum(1) + ((x[:, None] == x[None, :]).sum(1) + 1) / 2
-
-
-def spearman(pred: torch.Tensor, target: torch.Tensor) -> float:
-    return _pearson(ranks(pred), ranks(target))
-
-
-def auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """P(score of a positive > score of a negative), ties counting 1/2; NaN without both classes."""
-    labels = labels.bool()
-    pos, neg = scores.double()[labels], scores.double()[~labels]
-    if pos.numel() == 0 or neg.numel() == 0:
-        return float("nan")
-    diff = pos[:, None] - neg[None, :]
-    return float((diff > 0).double().mean() + 0.5 * (diff == 0).double().mean())
-
-
-def pearson_ci95(r: float, n: int) -> list[float]:
-    """Fisher-z 95% interval of a Pearson r from n pairs (NaN for n < 4 or an undefined r)."""
-    if n < 4 or not math.isfinite(r):
-        return [float("nan"), float("nan")]
-    z, half = math.atanh(max(-1 + 1e-12, min(1 - 1e-12, r))), 1.96 / math.sqrt(n - 3)
-    return [math.tanh(z - half), math.tanh(z + half)]
-
-
-def value_metrics(pred: torch.Tensor, target: torch.Tensor) -> dict[str, float | list[float]]:
-    """Quality of value predictions against targets in [0, 1]; AUROC ranks "solved at least once"."""
-    r = _pearson(pred.double(), target.double())
-    return {
-        "mae": mae(pred, target),
-        "rmse": rmse(pred, target),
-        "pearson": r,
-        "pearson_ci95": pearson_ci95(r, pred.numel()),
-        "spearman": spearman(pred, target),
-        "brier_skill": brier_skill(pred, target),
-        "auroc_solved": auroc(pred, target > 0),
-    }
-
-
-def paired_bootstrap(
-    pred_a: torch.Tensor, pred_b: torch.Tensor, target: torch.Tensor, n_boot: int = 2000, seed: int = 0
-) -> dict[str, dict]:
-    """metric(a) - metric(b) for Pearson and MAE, with a 95% interval from resampling prompts.
-
-    Both estimators are scored on the same resampled prompts, so the interval says how much the
-    difference could move with other held-out prompts of the same kind.
-    """
-    a, b, t = pred_a.double(), pred_b.double(), target.double()
-    draws = torch.randint(t.numel(), (n_boot, t.numel()), generator=torch.Generator().manual_seed(seed))
-    out = {}
-    for name, fn in (("pearson", _pearson), ("mae", mae)):
-        diffs = torch.tensor([fn(a[i], t[i]) - fn(b[i], t[i]) for i in draws], dtype=torch.float64)
-        diffs = diffs[diffs.isfinite()]  # a resample where one side is constant has no Pearson
-        interval = diffs.quantile(torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist() if diffs.numel() else []
-        out[name] = {"diff": fn(a, t) - fn(b, t), "ci95": interval}
-    return out
 
 
 # ------------------------------------------------------------------------------------- split & rows
@@ -248,7 +171,7 @@ class Policy:
 
     @cached_property
     def tokenizer(self):
-        from poise_trl.train import load_tokenizer
+        from poise_trl.loading import load_tokenizer
 
         return load_tokenizer(self.path)
 
@@ -551,7 +474,7 @@ def value_model_predictions(
         record = json.loads(path.read_text())
         return torch.tensor(record["predictions"]), {**record["info"], "cached": True}
     if value_path != policy.path:
-        from poise_trl.train import load_tokenizer
+        from poise_trl.loading import load_tokenizer
 
         if load_tokenizer(value_path).get_vocab() != policy.tokenizer.get_vocab():
             raise ProbeEvalError(
@@ -714,7 +637,7 @@ def _quiet_datasets():
 
 def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> dict:
     """The whole experiment; writes `report.json` and the plots into `settings.output_dir`, returns the report."""
-    from poise_trl.data import DATASETS, held_out_split, load_prompt_dataset
+    from poise_trl.prompts import DATASETS, held_out_split, load_prompt_dataset
 
     started = time.time()
     check_settings(settings)

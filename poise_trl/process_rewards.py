@@ -39,6 +39,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad
 
 from poise_trl import estimators
+from poise_trl.distributed import gather_padded
 from poise_trl.rewards import answer_to_str
 
 # seed 002, "Episode Segmentation" (its list goes on: "... more markers"), plus paragraph breaks.
@@ -167,25 +168,19 @@ def answer_logprob_means(
     return out
 
 
-def gather_padded(accelerator, tensor: torch.Tensor) -> torch.Tensor:
-    """(B_local, T_local) -> (B_global, T_max): pad the token dim across processes, then gather."""
-    if accelerator.num_processes == 1:
-        return tensor
-    return accelerator.gather(accelerator.pad_across_processes(tensor, dim=1, pad_index=0))
-
-
 # ---------------------------------------------------------------------------------------
 # Config and trainer mixins
 # ---------------------------------------------------------------------------------------
+
+
+PROCESS_REWARDS_HELP = "Add training-free process rewards (seed 002) to the outcome advantages."
 
 
 @dataclass
 class ProcessRewardArguments:
     """Config mixin: `class MyConfig(ProcessRewardArguments, GRPOConfig)`."""
 
-    process_rewards: bool = field(
-        default=False, metadata={"help": "Add training-free process rewards (seed 002) to the outcome advantages."}
-    )
+    process_rewards: bool = field(default=False, metadata={"help": PROCESS_REWARDS_HELP})
     process_reward_markers: list[str] = field(
         default_factory=lambda: list(DEFAULT_MARKERS),
         metadata={"help": "Episode markers: whitespace-only ones end an episode, word markers start one."},

@@ -10,7 +10,10 @@ so a bare `70` still counts.
 
 Before math-verify sees them, numbers are put in one form on both sides: scientific notation
 (`4.5e33`, `8.7\\times10^{8}`) becomes a plain decimal, LaTeX thousands separators (`10\\,000`) go.
-Gold answers are normalised once (`normalize_gold_answer`, also called by the dataset loader).
+Next to a plain number, a comma that cannot separate thousands (`1,22`) is a decimal comma.
+Gold answers are normalised once (`normalize_gold_answer`, also called by the dataset loader). A gold
+may list alternatives, any one of which is right: a list, or in a dataset's string column a JSON list of
+strings (`["353", "352"]`, written by `join_alternatives`).
 
 Grading runs in a small persistent worker process (one per calling thread, reused across calls): a
 long big-integer evaluation cannot be interrupted inside a thread, but a process can be killed. A grade
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib
+import json
 import math
 import numbers
 import os
@@ -43,6 +48,8 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from math_verify.errors import TimeoutException
 from math_verify.utils import timeout as signal_timeout
 
+from poise_trl.tasks import completion_text, task_reward
+
 # Cheap guards before math-verify: deeply nested brackets or long answers can keep sympy busy for the
 # whole timeout, and a policy in training produces such garbage routinely. Real answers are far
 # smaller (MATH-500's longest is 53 characters, its deepest 2 levels). Golds get the same bounds.
@@ -55,6 +62,31 @@ MAX_DECIMAL_EXPONENT = 100  # `a\times10^{b}` is written out as a plain decimal 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_TOKEN_RE = re.compile(r"\\.|[{}]", re.DOTALL)  # an escape such as \{ is one token, not a brace
 _EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
+
+
+def gold_alternatives(gold) -> list:
+    """The golds that `gold` accepts, any one of them right: the items of a list or tuple, or of a JSON list
+    of strings (`["353", "352"]`, how `join_alternatives` keeps them in a string column); else `[gold]`."""
+    if isinstance(gold, (list, tuple)):
+        return list(gold)
+    if isinstance(gold, str) and gold.lstrip().startswith('["'):
+        try:
+            items = json.loads(gold)
+        except ValueError:
+            return [gold]
+        if isinstance(items, list) and items and all(isinstance(item, str) for item in items):
+            return items
+    return [gold]
+
+
+def join_alternatives(golds: Sequence[str]) -> str:
+    """Golds of which any one is right, as one string for a dataset's `answer` column: the gold itself
+    when there is one, else a JSON list (TRL passes dataset columns through as they are, and a column of
+    lists would not mix with one of strings); "" when there is none."""
+    unique = list(dict.fromkeys(golds))
+    if len(unique) == 1:
+        return unique[0]
+    return json.dumps(unique, ensure_ascii=False) if unique else ""
 
 
 def answer_to_str(value) -> str:
@@ -147,13 +179,13 @@ def extract_final_answer(text: str) -> str | None:
 
 _GSM8K_RE = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
 _MATH_DELIMITERS = ((r"\(", r"\)"), (r"\[", r"\]"), ("$$", "$$"), ("$", "$"))
-# `9 (apples)`, `5 cm`, `12 dollars`: a number followed only by words is the number (the MATH and GSM8K
-# convention); math-verify would otherwise read the words as a product of symbols. Not when a word is
-# maths (`2 pi`) or joins answers (`3 or 4`).
+# `9 (apples)`, `13 (first-aid kits)`, `5 cm`, `12 dollars`: a number followed only by words is the number
+# (the MATH, GSM8K and ASDiv convention); math-verify would otherwise read the words as a product of
+# symbols. Not when a word is maths (`2 pi`) or joins answers (`3 or 4`).
 _NUMBER_WITH_UNIT_RE = re.compile(
     r"^(?P<number>[-+]?\\?\$?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+))\s*"
     r"(?!.*\b(?:and|or|pi|sqrt|sin|cos|tan|log|ln|exp|mod)\b)"
-    r"(?:\(\s*[A-Za-z][A-Za-z .]*\)|[A-Za-z]{2,}(?:\s+[A-Za-z]+)*)\.?$"
+    r"(?:\(\s*[A-Za-z][A-Za-z .'-]*\)|[A-Za-z]{2,}(?:\s+[A-Za-z]+)*)\.?$"
 )
 # LaTeX thousands separators (`10\,000`, `10{,}000`, `10\!,000`, `10\ 000`); a plain comma is left to
 # math-verify, which tells `1,000` from a pair. A leading 0 is a decimal comma (`0,111`), not thousands.
@@ -164,8 +196,11 @@ _TIMES_POWER_OF_TEN_RE = re.compile(
     r"(?<![\w.\\])(?P<mantissa>\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|×)\s*10\s*\^\s*"
     r"(?:\{\s*(?P<braced>[-+]?\d+)\s*\}|(?P<bare>[-+]?\d))(?![\d.])"
 )
-# `4.5e33` is only scientific notation as a whole answer: inside an expression `2e3` could be a product.
-_E_NOTATION_RE = re.compile(r"^\s*(?P<mantissa>[-+]?\d+(?:\.\d+)?)[eE](?P<exponent>[-+]?\d+)\s*$")
+# `4.5e33` as a number of its own (a whole answer, or a word in a sentence: "L is 4.5e33 erg/s."); not
+# inside a name or a power (`x2e3`, `10^2e3`), nor before a power (`2e3^2`, which reads as a product).
+_E_NOTATION_RE = re.compile(
+    r"(?<![\w.^_])(?P<mantissa>\d+(?:\.\d+)?)[eE](?P<exponent>[-+]?\d+)(?![\w^]|\.\d)"
+)
 
 
 def _plain_decimal(mantissa: str, exponent: str) -> str | None:
@@ -188,10 +223,11 @@ def canonical_numbers(text: str) -> str:
         exponent = match.group("braced") or match.group("bare")
         return _plain_decimal(match.group("mantissa"), exponent) or match.group()
 
+    def e_notation(match: re.Match) -> str:
+        return _plain_decimal(match.group("mantissa"), match.group("exponent")) or match.group()
+
     text = _TIMES_POWER_OF_TEN_RE.sub(times_power, text)
-    if (e_notation := _E_NOTATION_RE.match(text)) is not None:
-        text = _plain_decimal(e_notation.group("mantissa"), e_notation.group("exponent")) or text
-    return text
+    return _E_NOTATION_RE.sub(e_notation, text)
 
 
 # Minerva's answer line (Lewkowycz et al. 2022, appendix D), used by worked solutions in some eval files.
@@ -238,9 +274,12 @@ def normalize_gold_answer(text) -> str:
     that belong to the same answer, joined with `, `, which math-verify reads as a tuple or set),
     the number after GSM8K's `####`, or Minerva's "Final Answer: The final answer is ...". Then
     `_tidy_answer`: `$...$`, trailing period, units (`9 (apples)`), thousands separators and scientific
-    notation are dealt with. Numbers keep their value (AIME's `70.0` becomes `70`). Idempotent.
+    notation are dealt with. Numbers keep their value (AIME's `70.0` becomes `70`). Alternatives
+    (`gold_alternatives`) are normalised one by one. Idempotent.
     """
-    text = answer_to_str(text)
+    if len(alternatives := gold_alternatives(text)) != 1:
+        return join_alternatives([gold for item in alternatives if (gold := normalize_gold_answer(item))])
+    text = answer_to_str(alternatives[0])
     if spans := _boxed_spans(text):
         text = ", ".join(box for box in _final_boxes(text, spans) if box)
     elif (gsm8k := _GSM8K_RE.search(text)) is not None:
@@ -317,7 +356,8 @@ def _extract(text: str, timeout: int | None) -> tuple:
     windows.append(text[-MAX_ANSWER_CHARS:])
     for window in windows:
         if not _too_complex(window):
-            parsed = parse(canonical_numbers(window), extraction_config=_EXTRACTION, parsing_timeout=timeout)
+            window = _FULL_STOP_AFTER_NUMBER_RE.sub("", canonical_numbers(window))
+            parsed = parse(window, extraction_config=_EXTRACTION, parsing_timeout=timeout)
             if parsed := _safe(parsed, timeout):
                 return parsed
     return ()
@@ -330,16 +370,20 @@ def _parse_gold(gold: str, timeout: int | None) -> tuple:
     return _parse_latex(normalize_gold_answer(gold), timeout) or _extract(gold, timeout)
 
 
+# "so the sum is 14/3." math-verify reads the full stop as a decimal point (`14/3.0`, left unevaluated)
+# and "14/3 ." as 14. A digit's `.` before a space or the end closes a sentence; `2.5`, `2.\overline{3}` stay.
+_FULL_STOP_AFTER_NUMBER_RE = re.compile(r"(?<=\d)\s*\.(?=\s|$)")
 # "Final Answer: The final answer is 24", "so the answer is 24": an unboxed answer can sit far from the end.
 _ANSWER_CUE_RE = re.compile(r"final answer|the answer is|answer\s*:", re.IGNORECASE)
 _FINAL_ANSWER_RE = re.compile(r"final answer", re.IGNORECASE)  # overrides an earlier box; "our answer:" doesn't
 
 
-def _predictions(part: str, timeout: int | None) -> list[tuple]:
+def _predictions(part: str, timeout: int | None, decimal_comma: bool = False) -> list[tuple]:
     """Parsed candidates for the answer in `part`, most specific first; [] when there is none.
 
     The last `\\boxed{}` is the answer (even when unparseable or unclosed), unless a "final answer"
     follows it; the boxes that belong to the same answer as the last (`_final_boxes`) are tried together too.
+    With `decimal_comma`, a box such as `1,22` is also read as the decimal 1.22.
     """
     spans = _boxed_spans(part)
     cue = max((match.start() for match in _FINAL_ANSWER_RE.finditer(part)), default=-1)
@@ -350,6 +394,8 @@ def _predictions(part: str, timeout: int | None) -> list[tuple]:
     boxes = _final_boxes(part, spans)
     candidates = [boxes[-1]] + ([", ".join(boxes)] if len(boxes) > 1 else [])
     candidates += [_without_percent(text) for text in candidates if "%" in text]
+    if decimal_comma:
+        candidates += [text.replace(",", ".") for text in candidates if _DECIMAL_COMMA_RE.fullmatch(text)]
     return [parsed for text in candidates if (parsed := _parse_latex(text, timeout))]
 
 
@@ -359,6 +405,11 @@ def _without_percent(text: str) -> str:
 
 
 _PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
+# One comma with other than three digits after it cannot separate thousands: next to a plain number it is
+# a decimal comma (`1,22` is 1.22; `1,220` stays 1220). A gold is read so only with two digits or more
+# after the comma, as MATH writes a pair of small roots `-2,1`, and a pair gold keeps its pair reading too.
+_DECIMAL_COMMA_RE = re.compile(r"[-+]?\d+,(?:\d{1,2}|\d{4,})")
+_GOLD_DECIMAL_COMMA_RE = re.compile(r"[-+]?\d+,(?:\d{2}|\d{4,})")
 
 
 def _equal(expected: tuple, predicted: tuple, timeout: int | None) -> bool:
@@ -374,17 +425,27 @@ def _equal(expected: tuple, predicted: tuple, timeout: int | None) -> bool:
     return verify(list(expected), list(predicted), timeout_seconds=timeout)
 
 
-def _grade(completion_text: str, gold, timeout: int | None) -> bool:
-    part = _answer_part(completion_text)
-    gold = answer_to_str(gold)
-    if part is None or not gold or not (expected := _parse_gold(gold, timeout)):
+def _matches(part: str, gold: str, timeout: int | None) -> bool:
+    """Whether the answer part `part` gives the one gold `gold`."""
+    if not gold or not (expected := _parse_gold(gold, timeout)):
         return False
     references = [expected]
     normalized = normalize_gold_answer(gold)
     if "%" in normalized and (bare := _parse_latex(_without_percent(normalized), timeout)):
         references.append(bare)
-    predictions = _predictions(part, timeout)
+    decimal = normalized.replace(",", ".") if _GOLD_DECIMAL_COMMA_RE.fullmatch(normalized) else ""
+    if decimal and (parsed_decimal := _parse_latex(decimal, timeout)):
+        references.append(parsed_decimal)
+    gold_is_number = _PLAIN_NUMBER_RE.fullmatch(normalized) is not None
+    predictions = _predictions(part, timeout, decimal_comma=gold_is_number)
     return any(_equal(reference, predicted, timeout) for reference in references for predicted in predictions)
+
+
+def _grade(completion_text: str, gold, timeout: int | None) -> bool:
+    part = _answer_part(completion_text)
+    if part is None:
+        return False
+    return any(_matches(part, answer_to_str(alternative), timeout) for alternative in gold_alternatives(gold))
 
 
 class _Overrun(BaseException):
@@ -440,16 +501,16 @@ def _serve() -> None:
     requests = Connection(os.dup(0), writable=False)
     replies = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)  # a stray print from a library must not corrupt the replies
-    for completion_text, gold in _WARM_UP:
-        _grade_here(completion_text, gold, 60)
+    for warm_text, gold in _WARM_UP:
+        _grade_here(warm_text, gold, 60)
     replies.send("ready")
     while True:
         try:
             pairs, timeout_seconds = requests.recv()
         except (EOFError, OSError):
             return
-        for completion_text, gold in pairs:
-            replies.send(_grade_here(completion_text, gold, timeout_seconds))
+        for text, gold in pairs:
+            replies.send(_grade_here(text, gold, timeout_seconds))
 
 
 class _Worker:
@@ -584,7 +645,8 @@ def grade_batch(pairs: Sequence[tuple[str, object]], timeout_seconds: float = GR
 
 
 def is_correct(completion_text: str, gold, timeout_seconds: float = GRADE_TIMEOUT_S) -> bool:
-    """Whether the completion's final answer equals `gold` (a string or a number) according to math-verify.
+    """Whether the completion's final answer equals `gold` (a string or a number, or alternatives as in
+    `gold_alternatives`) according to math-verify.
 
     Never raises: unparseable input, timeouts and anything unexpected grade as False, within
     `timeout_seconds` whatever the thread.
@@ -592,48 +654,50 @@ def is_correct(completion_text: str, gold, timeout_seconds: float = GRADE_TIMEOU
     return grade_batch([(completion_text, gold)], timeout_seconds)[0]
 
 
-def _completion_text(completion) -> str:
-    """Plain text of a completion: TRL passes strings, or message lists for conversational datasets."""
-    if isinstance(completion, str):
-        return completion
-    if not completion:
-        return ""
-    message = completion[-1]  # the model's final reply; earlier messages are tool-calling turns
-    content = message.get("content") or ""
-    if isinstance(content, list):  # content given as typed blocks
-        content = "".join(block.get("text", "") for block in content if block.get("type") == "text")
-    # Tokenizers with a response schema split the thinking into its own field; put it back so that the
-    # `</think>` rules see what the model actually wrote.
-    reasoning = message.get("reasoning_content") or message.get("thinking")
-    return f"<think>\n{reasoning}\n</think>\n{content}" if reasoning else content
-
-
 def math_accuracy_reward(completions, answer, **kwargs) -> list[float]:
     """1.0 where the completion's final answer matches the dataset's `answer` column, else 0.0."""
-    pairs = [(_completion_text(c), gold) for c, gold in zip(completions, answer, strict=True)]
+    pairs = [(completion_text(c), gold) for c, gold in zip(completions, answer, strict=True)]
     return [float(correct) for correct in grade_batch(pairs)]
 
 
 def format_reward(completions, **kwargs) -> list[float]:
     """1.0 where the completion closes its thinking exactly once and then gives a `\\boxed{}` answer."""
-    texts = [_completion_text(c) for c in completions]
+    texts = [completion_text(c) for c in completions]
     return [float(text.count("</think>") == 1 and extract_final_answer(text) is not None) for text in texts]
 
 
 REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
     "math_accuracy": math_accuracy_reward,
     "format": format_reward,
+    "task": task_reward,
 }
 
 
+def import_reward_function(path: str) -> Callable[..., list[float]]:
+    """`package.module:function`, a TRL reward function of the user's own."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except ImportError as exc:
+        raise ValueError(f"reward function {path!r}: cannot import {module_name!r} ({exc}); put its package on "
+                         "PYTHONPATH or install it") from None
+    except AttributeError:
+        raise ValueError(f"reward function {path!r}: module {module_name!r} has no {attribute!r}") from None
+    if not callable(function):
+        raise ValueError(f"reward function {path!r} is not callable")
+    return function
+
+
 def get_reward_functions(names: list[str]) -> list[Callable[..., list[float]]]:
-    """The reward functions a recipe names (`rewards: [math_accuracy, format]`), in order."""
+    """The reward functions a recipe names (`rewards: [math_accuracy, my_pkg.rewards:length_penalty]`), in
+    order: a built-in name, or an import path `module:function` of a TRL reward function."""
     if isinstance(names, str):  # `rewards: math_accuracy` in YAML gives a bare string
         names = [names]
-    unknown = [name for name in names if name not in REWARD_FUNCTIONS]
+    unknown = [name for name in names if name not in REWARD_FUNCTIONS and ":" not in name]
     if unknown or not names:
         problem = (
             f"unknown reward function(s): {', '.join(unknown)}" if unknown else "no reward functions given"
         )
-        raise ValueError(f"{problem}; known reward functions: {', '.join(REWARD_FUNCTIONS)}")
-    return [REWARD_FUNCTIONS[name] for name in names]
+        raise ValueError(f"{problem}; known reward functions: {', '.join(REWARD_FUNCTIONS)}, or an import path "
+                         "package.module:function")
+    return [REWARD_FUNCTIONS[name] if name in REWARD_FUNCTIONS else import_reward_function(name) for name in names]

@@ -117,8 +117,8 @@ def build_tiny_model(
     A model already in `output_dir` (the bundled one, by default) is kept unless `overwrite`."""
     from trl import SFTConfig, SFTTrainer
 
-    from poise_trl.data import load_prompt_dataset
     from poise_trl.generation import evaluate_accuracy
+    from poise_trl.prompts import load_prompt_dataset
     from poise_trl.provenance import package_versions
 
     output_dir = Path(output_dir)

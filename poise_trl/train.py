@@ -1,110 +1,18 @@
-"""`poise train`: a recipe -> model, data, rewards, trainer -> training -> summary.json."""
+"""`poise train`: a recipe -> a built run (`build.build_run`) -> training -> summary.json."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 import yaml
 
-from poise_trl.callbacks import (
-    Budget,
-    CheckpointMarkerCallback,
-    HeldOutEvalCallback,
-    ProbeReportCallback,
-    RichProgressCallback,
-)
-from poise_trl.data import load_prompt_dataset
-from poise_trl.generation import (
-    is_tiny_on_cpu,
-    require_chat_template,
-    resolve_engine,
-    training_generation_record,
-)
+from poise_trl.build import build_run, parse_recipe
+from poise_trl.generation import is_tiny_on_cpu, training_generation_record
+from poise_trl.plan import check_memory_plan
 from poise_trl.provenance import package_versions, write_json, write_text
-from poise_trl.recipe import (
-    RecipeError,
-    RunFolder,
-    RunSettings,
-    check_model_files,
-    checkpoint_problem,
-    inspect_run_folder,
-    split_recipe,
-)
-from poise_trl.rewards import get_reward_functions
-from poise_trl.trainers import get_algorithm
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def resolve_model_path(model: str) -> str:
-    """Recipes name the bundled model relative to the repository (`data/tiny-qwen3`);
-    anything else is a local path or a hub id handed to transformers as is."""
-    if not Path(model).exists() and (REPO_ROOT / model).exists():
-        return str(REPO_ROOT / model)
-    return model
-
-
-def load_tokenizer(model: str):
-    from transformers import AutoTokenizer
-
-    check_model_files(model)
-    if not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
-        from poise_trl.hub import hub_unreachable
-
-        if reason := hub_unreachable():
-            raise RecipeError(f"model {model!r} is not a local folder and the Hugging Face Hub is unreachable here "
-                              f"({reason}): give a local model folder, or set HF_HUB_OFFLINE=1 to use the hub cache")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model)
-    except OSError as exc:
-        raise RecipeError(
-            f"cannot load a tokenizer from {model!r}: {exc.__class__.__name__}. Give a local model folder or a hub id "
-            "(offline runs need the model in the local cache; the bundled tiny model is data/tiny-qwen3)"
-        ) from None
-    require_chat_template(tokenizer, f"model {model!r}")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
-def build_config(algo_name: str, config_kwargs: dict, output_dir: str | None):
-    algo = get_algorithm(algo_name)
-    kwargs = {**algo.defaults, **config_kwargs}
-    if output_dir is not None:
-        kwargs["output_dir"] = output_dir
-    kwargs.setdefault("output_dir", f"runs/{algo_name}")
-    kwargs.setdefault("report_to", "none")
-    kwargs["disable_tqdm"] = True  # the rich display replaces tqdm
-    if not torch.cuda.is_available():
-        kwargs.update(use_cpu=True, bf16=False)
-        kwargs.setdefault("gradient_checkpointing", False)
-    if "num_generations" in algo.config_class.__dataclass_fields__:  # A*-PO has one rollout per prompt, no groups
-        check_batch_geometry(kwargs)
-    try:
-        return algo.config_class(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise RecipeError(f"invalid settings for algo {algo_name!r}: {exc}") from None
-
-
-def check_batch_geometry(kwargs: dict) -> None:
-    """Catch the batch sizes TRL would reject later, with the fix spelled out."""
-    num_generations = kwargs.get("num_generations", 8)
-    per_device = kwargs.get("per_device_train_batch_size", 8)
-    steps = kwargs.get("steps_per_generation") or kwargs.get("gradient_accumulation_steps", 1)
-    generation_batch = kwargs.get("generation_batch_size") or per_device * steps
-    if generation_batch % num_generations:
-        raise RecipeError(
-            f"generation batch size {generation_batch} (per_device_train_batch_size={per_device} x "
-            f"steps_per_generation={steps}) is not divisible by num_generations={num_generations}: every prompt needs "
-            f"its {num_generations} rollouts in the same batch. Make per_device_train_batch_size x steps_per_generation "
-            f"a multiple of {num_generations} (e.g. per_device_train_batch_size={num_generations * max(1, per_device // num_generations)})"
-        )
+from poise_trl.run_folder import clear_run_folder
 
 
 def save_full_model(trainer, folder: Path) -> None:
@@ -123,19 +31,6 @@ def save_full_model(trainer, folder: Path) -> None:
             plugin.set_state_dict_type(previous)
 
 
-def build_peft_config(peft: dict | None):
-    if not peft:
-        return None
-    from peft import LoraConfig
-
-    settings = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear", "task_type": "CAUSAL_LM"}
-    settings.update(peft)
-    try:
-        return LoraConfig(**settings)
-    except TypeError as exc:
-        raise RecipeError(f"invalid peft settings {peft}: {exc}") from None
-
-
 def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress: bool = True,
                       overwrite: bool = False, log=print) -> dict:
     """Run one recipe to completion; returns (and writes) the summary.
@@ -145,25 +40,10 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     checkpoint; a finished one is left untouched and its summary returned (with
     `already_finished: True`, not written); one holding another run is refused unless
     `overwrite`. `log` gets the one-line notes (resuming, finished, skipped checkpoints)."""
-    algo_name = recipe.get("algo", "grpo")
-    settings, config_kwargs = split_recipe(recipe, get_algorithm(algo_name).config_class)
-    args = build_config(algo_name, config_kwargs, output_dir)
-    from poise_trl.plan import check_memory_plan
-
-    check_memory_plan(recipe)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
-    if settings.push_to_hub and not args.hub_model_id:
-        raise RecipeError("push_to_hub needs the repository to push to: set hub_model_id: <user>/<name>")
-    if getattr(args, "use_vllm", False):  # A*-PO's config has no vLLM switch
-        resolve_engine("vllm")  # one line when vLLM is missing or broken, before any model loads
-    model_path = resolve_model_path(settings.model)
-    tokenizer = load_tokenizer(model_path)
-    train_set, eval_set = load_datasets(settings, seed=args.seed)
-    algo = get_algorithm(algo_name)
-    budget = budget_from(settings)
-    reward_funcs = get_reward_functions(settings.rewards)
-    peft_config = build_peft_config(settings.peft)
-
-    folder = plan_output_dir(args, recipe, overwrite)
+    parsed = parse_recipe(recipe, output_dir)
+    check_memory_plan(parsed)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
+    run = build_run(parsed, overwrite=overwrite, show_progress=show_progress)
+    settings, args, folder = parsed.settings, parsed.args, run.folder
     out = folder.path
     for warning in folder.warnings:
         log(f"warning: {warning}")
@@ -173,35 +53,10 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
             f"{_fmt(done.get('start_heldout_accuracy'))} -> {_fmt(done.get('final_heldout_accuracy'))}): left untouched; "
             "give --overwrite to train it again")
         return {**done, "already_finished": True}
-    resume_from = str(folder.checkpoint) if folder.checkpoint else None
+    resume_from = run.resume_from
     if resume_from:
-        check_model_files(resume_from)
         log(f"resuming from {folder.checkpoint.name} (step {folder.step} of {args.max_steps})")
-    eval_callback = HeldOutEvalCallback(
-        eval_set, tokenizer, every=settings.eval_every, num_samples=settings.eval_num_samples,
-        temperature=settings.eval_temperature, max_new_tokens=settings.eval_max_new_tokens,
-        batch_size=settings.eval_batch_size, seed=args.seed, budget=budget, resume_from=resume_from,
-    )
-    callbacks = [eval_callback] + ([RichProgressCallback(eval_callback)] if show_progress else [])
-    trainer = algo.trainer_class(
-        model=model_path,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=train_set,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-        callbacks=callbacks,
-    )
-    eval_callback.trainer = trainer
-    if show_progress:
-        from transformers.trainer_callback import PrinterCallback
-
-        trainer.remove_callback(PrinterCallback)  # the live display replaces the raw log dicts
-    probe_report = None
-    if hasattr(trainer, "probe_history"):
-        probe_report = ProbeReportCallback(trainer, args.output_dir, resume_from=resume_from)
-        trainer.add_callback(probe_report)
-    trainer.add_callback(CheckpointMarkerCallback())  # last: it marks a checkpoint complete
+    trainer, eval_callback, probe_report = run.trainer, run.eval_callback, run.probe_report
 
     if trainer.accelerator.is_main_process:
         if folder.clear:  # only now: a setting the trainer rejects leaves the old run in place
@@ -226,7 +81,7 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
 
     history = eval_callback.history
     summary = {
-        "algo": algo_name,
+        "algo": parsed.algorithm.name,
         "model": settings.model,
         "dataset": settings.dataset,
         "steps": trainer.state.global_step,
@@ -257,12 +112,12 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     if trainer.accelerator.is_main_process:
         from poise_trl.hub import build_model_card
 
-        write_text(out / "final" / "README.md", build_model_card(recipe, summary))
+        write_text(out / "final" / "README.md", build_model_card(recipe, summary, parsed.algorithm.card))
         write_json(out / "summary.json", summary)  # last: its presence marks the run finished
         if settings.push_to_hub:
             from poise_trl.hub import push_final_model
 
-            push_final_model(out / "final", args.hub_model_id, recipe, summary)
+            push_final_model(out / "final", args.hub_model_id, recipe, summary, algorithm_line=parsed.algorithm.card)
     return summary
 
 
@@ -286,75 +141,3 @@ def training_threads(model):
         torch.set_num_threads(before)
 
 
-def plan_output_dir(args, recipe: dict, overwrite: bool) -> RunFolder:
-    """`inspect_run_folder` with TRL's `resume_from_checkpoint` (true: the newest complete
-    checkpoint must exist; a folder: that checkpoint; false: never resume)."""
-    resume = args.resume_from_checkpoint
-    explicit = None
-    if resume not in (None, False, "", "false", "False", True, "true", "True"):
-        if not Path(resume).is_dir():
-            raise RecipeError(f"resume_from_checkpoint: {resume} is not a folder (give a checkpoint-N folder, or true)")
-        problem = checkpoint_problem(Path(resume))
-        if problem not in (None, "incomplete"):  # no marker: a checkpoint from before markers, or the user's own
-            raise RecipeError(f"resume_from_checkpoint: {resume} is damaged: {problem}")
-        explicit = str(resume)
-    folder = inspect_run_folder(args.output_dir, recipe, overwrite=overwrite, explicit=explicit)
-    if resume in (True, "true", "True") and folder.state == "new":
-        raise RecipeError(f"resume_from_checkpoint: true, but {args.output_dir} holds no checkpoint to resume from (no complete checkpoint-N folder)")
-    if resume in (False, "false", "False") and folder.state == "resume":
-        raise RecipeError(f"resume_from_checkpoint: false, but {args.output_dir} holds this run's checkpoints: drop "
-                          "the key to resume it, or give --overwrite to start over")
-    return folder
-
-
-def clear_run_folder(path: Path) -> None:
-    """--overwrite: the old run's files go (only files poise train writes; inspect_run_folder
-    refused folders with others). Renamed first, so the folder never mixes two runs."""
-    doomed = path.with_name(f".{path.name}.overwritten-{os.getpid()}")
-    path.rename(doomed)
-    shutil.rmtree(doomed)
-
-
-def budget_from(settings: RunSettings) -> Budget | None:
-    if settings.budget_tokens is not None and settings.budget_rollouts is not None:
-        raise RecipeError("set budget_tokens or budget_rollouts, not both")
-    unit, amount = ("tokens", settings.budget_tokens) if settings.budget_tokens is not None else ("rollouts", settings.budget_rollouts)
-    if amount is None:
-        return None
-    try:
-        return Budget(unit, int(amount), int(settings.budget_eval_points))
-    except ValueError as exc:
-        raise RecipeError(f"invalid budget: {exc}") from None
-
-
-def require_hub_if_needed(source: str, split: str | None) -> None:
-    """A hub dataset with no network fails here in about a second, with one line. With
-    HF_HUB_OFFLINE=1, `datasets` reads its local cache (or fails at once) by itself."""
-    from poise_trl.data import DATASETS, DatasetUnavailableError
-    from poise_trl.hub import hub_unreachable
-
-    spec = DATASETS.get(source)
-    on_hub = spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists()
-    if not on_hub or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        return
-    reason = hub_unreachable()
-    if reason:
-        raise DatasetUnavailableError(
-            f"dataset {source!r} comes from the Hugging Face Hub, which is unreachable here ({reason}): give a local "
-            "copy (a .jsonl/.parquet/.csv file or folder) as `dataset`, or set HF_HUB_OFFLINE=1 to use the hub cache")
-
-
-def load_datasets(settings: RunSettings, seed: int):
-    require_hub_if_needed(settings.dataset, settings.dataset_split)
-    if settings.eval_dataset:
-        require_hub_if_needed(settings.eval_dataset, settings.eval_split)
-    columns = settings.dataset_columns
-    common = dict(columns=columns, prompt_suffix=settings.prompt_suffix, system_prompt=settings.system_prompt)
-    train_kwargs = dict(split=settings.dataset_split, seed=seed, **common)
-    if settings.dataset_size is not None:
-        train_kwargs["limit"] = settings.dataset_size
-    train_set = load_prompt_dataset(settings.dataset, **train_kwargs)
-    eval_source = settings.eval_dataset or settings.dataset
-    eval_split = settings.eval_split or "test"
-    eval_set = load_prompt_dataset(eval_source, split=eval_split, limit=settings.eval_limit, seed=seed, **common)
-    return train_set, eval_set

@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
-BUNDLED_MODEL = REPO_ROOT / "data" / "tiny-qwen3"
+BUNDLED_MODEL = REPO_ROOT / "poise_trl" / "data" / "tiny-qwen3"
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import torch
+
 
 def assert_one_line_error(result, output, pattern):
     """A CLI failure the way users should see it: exit code 2 and one `error:` line, no traceback."""
@@ -39,3 +41,24 @@ def run_accelerate_launch(config, script, *args, launch_args=(), timeout: int = 
            "--mixed_precision", "no", "--main_process_port", str(port), *launch_args, str(script), *map(str, args)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def build_trainer(recipe: dict, out, *, reward_funcs=None, trainer_class=None):
+    """A ready trainer for `recipe` in the fresh folder `out`, built the way `poise train` builds it
+    (`poise_trl.build.build_run`, held-out evaluation and checkpoint callbacks included)."""
+    from poise_trl.build import build_run
+
+    recipe = {"eval_max_new_tokens": 8, "eval_num_samples": 1, **recipe}
+    return build_run(recipe, str(out), reward_funcs=reward_funcs, trainer_class=trainer_class).trainer
+
+
+def trainable_parameters(trainer) -> dict:
+    """A copy of every trainable parameter of the trainer's model, by name."""
+    return {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def assert_parameters_moved(before: dict, trainer) -> None:
+    """TRL's own check after training: every trainable tensor changed (an optimizer step reached it)."""
+    after = dict(trainer.model.named_parameters())
+    unchanged = [name for name, value in before.items() if torch.equal(value, after[name].detach())]
+    assert not unchanged, f"{len(unchanged)} of {len(before)} trainable tensors did not change, e.g. {unchanged[:3]}"

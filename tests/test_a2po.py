@@ -10,9 +10,10 @@ from collections import defaultdict
 import pytest
 import torch
 
+from poise_trl.build import load_datasets, parse_recipe
 from poise_trl.callbacks import Budget, HeldOutEvalCallback
-from poise_trl.recipe import RecipeError, split_recipe
-from poise_trl.train import build_config, load_datasets, load_tokenizer
+from poise_trl.loading import load_tokenizer
+from poise_trl.recipe import RecipeError
 from poise_trl.trainers import get_algorithm
 from poise_trl.trainers.a2po import A2PO_STATE_FILE, A2POArmConfig, CountingA2POTrainer, completion_lengths
 
@@ -79,8 +80,8 @@ def make_trainer(model_dir, out, reward=digit_parity_reward, budget=None, **over
         "max_steps": 2, "logging_steps": 1, "save_strategy": "no", "learning_rate": 1e-3, "seed": 0,
         "filter_all_incorrect": False, **overrides,
     }
-    settings, config_kwargs = split_recipe(recipe, A2POArmConfig)
-    args = build_config("a2po", config_kwargs, str(out))
+    parsed = parse_recipe(recipe, str(out))
+    settings, args = parsed.settings, parsed.args
     train_set, eval_set = load_datasets(settings, seed=0)
     tokenizer = load_tokenizer(str(model_dir))
     callbacks = None

@@ -6,12 +6,10 @@ import json
 
 import pytest
 import torch
+from helpers import build_trainer
 
+from poise_trl.build import parse_recipe
 from poise_trl.critics import CriticEnsemble
-from poise_trl.recipe import split_recipe
-from poise_trl.rewards import get_reward_functions
-from poise_trl.train import build_config, load_datasets, load_tokenizer
-from poise_trl.trainers import get_algorithm
 
 
 def always_right(completions, **kwargs):
@@ -30,14 +28,7 @@ def make_trainer(model_dir, out, algo="asyppo", reward_funcs=None, **overrides):
         "logging_steps": 1, "save_steps": 1, "learning_rate": 1e-3, "critic_learning_rate": 1e-3, "seed": 0,
         **overrides,
     }
-    algorithm = get_algorithm(algo)
-    settings, config_kwargs = split_recipe(recipe, algorithm.config_class)
-    args = build_config(algo, config_kwargs, str(out))
-    train_set, _ = load_datasets(settings, seed=0)
-    return algorithm.trainer_class(
-        model=str(model_dir), reward_funcs=reward_funcs or get_reward_functions(["math_accuracy"]), args=args,
-        train_dataset=train_set, processing_class=load_tokenizer(str(model_dir)),
-    )
+    return build_trainer(recipe, out, reward_funcs=reward_funcs)
 
 
 def logged(trainer, key):
@@ -81,7 +72,7 @@ def test_two_step_asyppo_run(tmp_path, tiny_random_model_dir):
 
 def test_registry_defaults_give_asyppo_ppo_and_vapo(tmp_path):
     def config(algo, **kwargs):
-        return build_config(algo, kwargs, str(tmp_path))
+        return parse_recipe({"algo": algo, **kwargs}, str(tmp_path)).args
 
     asyppo, ppo, vapo = config("asyppo"), config("ppo"), config("vapo", per_device_train_batch_size=16)
     assert (asyppo.num_critics, asyppo.adv_mask_fraction, asyppo.entropy_filter_fraction) == (2, 0.2, 0.2)

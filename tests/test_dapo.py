@@ -11,11 +11,10 @@ import torch
 from helpers import run_two_cpu_ranks
 
 from poise_trl import estimators
-from poise_trl.recipe import split_recipe
-from poise_trl.train import build_config, load_datasets, load_tokenizer
+from poise_trl.build import load_datasets, parse_recipe
+from poise_trl.loading import load_tokenizer
 from poise_trl.trainers.dapo import (
     DAPO_STATE_FILE,
-    DAPOConfig,
     DAPOTrainer,
     merge_batches,
     needs_another_round,
@@ -124,8 +123,8 @@ def make_trainer(model_dir, out, reward=digit_parity_reward, **overrides):
         "logging_steps": 1, "save_strategy": "no", "learning_rate": 1e-3, "seed": 0, "overlong_buffer_length": 0,
         **overrides,
     }
-    settings, config_kwargs = split_recipe(recipe, DAPOConfig)
-    args = build_config("dapo", config_kwargs, str(out))
+    parsed = parse_recipe(recipe, str(out))
+    settings, args = parsed.settings, parsed.args
     train_set, _ = load_datasets(settings, seed=0)
 
     class Recording(DAPOTrainer):

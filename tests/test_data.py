@@ -11,7 +11,7 @@ import huggingface_hub.constants
 import pytest
 
 from poise_trl import toy_task
-from poise_trl.data import (
+from poise_trl.prompts import (
     DATASETS,
     SPREAD_EVAL_SEED,
     SPREAD_EVAL_SIZE,

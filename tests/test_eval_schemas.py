@@ -15,7 +15,7 @@ import datasets
 import pytest
 from typer.testing import CliRunner
 
-from poise_trl.data import DatasetFormatError, load_prompt_dataset
+from poise_trl.prompts import DatasetFormatError, load_prompt_dataset
 from poise_trl.rewards import is_correct
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval_schemas"
@@ -213,6 +213,7 @@ def test_undetected_column_names_the_flag_of_the_command(tmp_path):
     """`poise bench` on a file whose answer column is not detected: the hint names --answer-column (the data
     is refused before any model is loaded)."""
     from helpers import assert_one_line_error
+
     from poise_trl.cli.main import app
 
     path = tmp_path / "odd.jsonl"

@@ -14,7 +14,8 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from poise_trl.recipe import CHECKPOINT_MARKER, load_recipe
+from poise_trl.recipe import load_recipe
+from poise_trl.run_folder import CHECKPOINT_MARKER
 from poise_trl.train import train_from_recipe
 
 MAX_STEPS = 6

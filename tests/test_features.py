@@ -316,7 +316,7 @@ def test_capture_is_gated(model):
 
 
 def test_peft_lora_features_equal_base_when_b_is_zero(model):
-    peft = pytest.importorskip("peft")
+    import peft
     batch = make_batch()
     base = extract_features(model, *batch, THINK, [1, 3], batch_size=4)
     lora = peft.get_peft_model(

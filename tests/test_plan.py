@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_leaves
 from transformers import TrainerCallback
 from typer.testing import CliRunner
 
+from poise_trl.build import parse_recipe
 from poise_trl.plan import (
     GIB,
     ModelShape,
@@ -90,16 +91,13 @@ class StepPeak(TrainerCallback):
 
 def measured_step_peak(recipe: dict, output_dir: Path) -> dict:
     """Peak live tensor bytes of the 2nd optimizer step of a real TRL run of `recipe` (AdamW state exists by then)."""
-    from poise_trl.data import load_prompt_dataset
-    from poise_trl.recipe import split_recipe
+    from poise_trl.loading import load_tokenizer, resolve_model_path
+    from poise_trl.prompts import load_prompt_dataset
     from poise_trl.rewards import get_reward_functions
-    from poise_trl.train import build_config, load_tokenizer, resolve_model_path
-    from poise_trl.trainers import get_algorithm
 
     recipe = {**recipe, "max_steps": 2, "save_steps": 100, "logging_steps": 1}
-    algo = get_algorithm(recipe["algo"])
-    settings, config_kwargs = split_recipe(recipe, algo.config_class)
-    args = build_config(recipe["algo"], config_kwargs, str(output_dir))
+    parsed = parse_recipe(recipe, str(output_dir))
+    algo, settings, args = parsed.algorithm, parsed.settings, parsed.args
     model_path = resolve_model_path(settings.model)
     tokenizer = load_tokenizer(model_path)
     train_set = load_prompt_dataset(settings.dataset, split="train", seed=0, limit=256)
@@ -113,7 +111,7 @@ def measured_step_peak(recipe: dict, output_dir: Path) -> dict:
 
 def cpu_plan(recipe: dict, shape) -> int:
     (rows, prompt), (_, completion) = shape
-    inputs = plan_inputs(recipe, prompt_length=prompt)
+    inputs = plan_inputs(parse_recipe(recipe), prompt_length=prompt)
     inputs.rows, inputs.completion_length = rows, completion
     model = ModelShape.from_config(load_model_config(inputs.model))
     return build_plan(inputs, model, gpus=1, gpu_bytes=64 * GIB, sharding=Sharding(), device="cpu").total

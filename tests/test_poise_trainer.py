@@ -4,30 +4,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import build_trainer
 
 from poise_trl.features import RolloutFeatures, decoder_layers
 from poise_trl.probe import ProbeEstimator
-from poise_trl.recipe import split_recipe
-from poise_trl.rewards import get_reward_functions
-from poise_trl.train import build_config, load_datasets, load_tokenizer
-from poise_trl.trainers import POISEConfig, POISETrainer
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def make_trainer(model_dir, out, peft_config=None, **overrides):
+def make_trainer(model_dir, out, **overrides):
     recipe = {
         "algo": "poise", "model": str(model_dir), "dataset": "toy-arith", "dataset_size": 64, "eval_limit": 4,
         "per_device_train_batch_size": 8, "max_completion_length": 16, "max_steps": 3, "logging_steps": 1,
         "save_steps": 1, "learning_rate": 1e-3, "seed": 0, "probe_bootstrap_steps": 1,
         "probe_prompt_components": 4, "probe_response_components": 4, "probe_buffer_rows": 64, **overrides,
     }
-    settings, config_kwargs = split_recipe(recipe, POISEConfig)
-    args = build_config("poise", config_kwargs, str(out))
-    tokenizer = load_tokenizer(str(model_dir))
-    train_set, _ = load_datasets(settings, seed=0)
-    return POISETrainer(model=str(model_dir), reward_funcs=get_reward_functions(["math_accuracy"]), args=args,
-                        train_dataset=train_set, processing_class=tokenizer, peft_config=peft_config)
+    return build_trainer(recipe, out)
 
 
 def random_features(n=16, d=32, seed=1):

@@ -216,7 +216,6 @@ def test_predict_uses_previous_fit_only():
 
 
 def test_update_uses_leave_one_out_targets():
-    pytest.importorskip("poise_trl.estimators")
     est = ProbeEstimator(bootstrap_steps=1)
     feats, _ = synthetic(6, d=8)
     est.update(feats, torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), group_size=2)

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from helpers import build_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poise_trl.process_rewards import (
@@ -14,9 +17,6 @@ from poise_trl.process_rewards import (
     process_rewards_from_values,
     thin_boundaries,
 )
-from poise_trl.recipe import split_recipe
-from poise_trl.rewards import get_reward_functions
-from poise_trl.train import build_config, load_datasets, load_tokenizer
 from poise_trl.trainers import get_algorithm
 from poise_trl.trainers.baselines import GRPOProcessConfig
 
@@ -113,7 +113,10 @@ def test_registered_compositions_are_their_base_plus_process_rewards(base):
     assert issubclass(composed.trainer_class, ProcessRewardMixin)
     assert issubclass(composed.trainer_class, plain.trainer_class)
     assert issubclass(composed.config_class, plain.config_class)
-    assert composed.defaults == {**plain.defaults, "process_rewards": True}
+    plain_defaults = {f.name: f.default for f in dataclasses.fields(plain.config_class)}
+    composed_defaults = {f.name: f.default for f in dataclasses.fields(composed.config_class)}
+    assert composed_defaults["process_rewards"] is True
+    assert {k: v for k, v in composed_defaults.items() if k in plain_defaults} == plain_defaults
 
 
 def interceptor(base):
@@ -147,19 +150,13 @@ def make_trainer(model_dir, out, case, **overrides):
     algorithm = get_algorithm(algo)
     assert issubclass(algorithm.trainer_class, ProcessRewardMixin)
     recipe = {
-        "model": str(model_dir), "dataset": "toy-arith", "dataset_size": 32, "eval_limit": 4,
+        "algo": algo, "model": str(model_dir), "dataset": "toy-arith", "dataset_size": 32, "eval_limit": 4,
         "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 12,
         "max_steps": 1, "logging_steps": 1, "save_strategy": "no", "learning_rate": 1e-3, "seed": 0,
         "process_rewards": True, "process_reward_markers": ["\n"], "process_reward_max_episode_tokens": 3,
         "process_reward_force_prompt": "</think>\n\\boxed{", **case_overrides, **overrides,
     }
-    settings, config_kwargs = split_recipe(recipe, algorithm.config_class)
-    args = build_config(algo, config_kwargs, str(out))
-    train_set, _ = load_datasets(settings, seed=0)
-    trainer = interceptor(algorithm.trainer_class)(
-        model=str(model_dir), reward_funcs=get_reward_functions(["math_accuracy"]), args=args,
-        train_dataset=train_set, processing_class=load_tokenizer(str(model_dir)),
-    )
+    trainer = build_trainer(recipe, out, trainer_class=interceptor(algorithm.trainer_class))
     trainer.generated, trainer.seen = [], []
     return trainer
 

@@ -75,7 +75,7 @@ def test_prompt_only_probe_fits_on_the_buffer_and_round_trips(tmp_path):
 def test_prefill_prompt_vectors_match_the_rollout_pass():
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(ROOT / "data" / "tiny-qwen3")
+    model = AutoModelForCausalLM.from_pretrained(ROOT / "poise_trl" / "data" / "tiny-qwen3")
     g = torch.Generator().manual_seed(0)
     prompt_ids = torch.randint(5, 100, (3, 7), generator=g)
     prompt_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7, [0, 0, 0, 0, 1, 1, 1]])

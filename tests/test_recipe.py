@@ -1,9 +1,8 @@
 import pytest
-from trl import GRPOConfig
 
+from poise_trl.build import check_batch_geometry, parse_recipe
 from poise_trl.recipe import RecipeError, load_recipe, parse_override, split_recipe
-from poise_trl.train import build_config, check_batch_geometry
-from poise_trl.trainers import POISEConfig, get_algorithm
+from poise_trl.trainers import get_algorithm
 
 
 def write(tmp_path, text):
@@ -39,11 +38,12 @@ def test_recipe_must_be_a_mapping(tmp_path):
 
 def test_unknown_key_suggests_the_close_one():
     with pytest.raises(RecipeError, match="did you mean 'learning_rate'"):
-        split_recipe({"algo": "grpo", "learnin_rate": 1e-5}, GRPOConfig)
+        split_recipe({"algo": "grpo", "learnin_rate": 1e-5}, get_algorithm("grpo"))
 
 
 def test_split_separates_run_settings_from_config():
-    settings, config = split_recipe({"algo": "poise", "dataset": "aime25", "probe_layer": 0.5, "beta": 0.0}, POISEConfig)
+    settings, config = split_recipe({"algo": "poise", "dataset": "aime25", "probe_layer": 0.5, "beta": 0.0},
+                                    get_algorithm("poise"))
     assert settings.dataset == "aime25" and settings.algo == "poise"
     assert config == {"probe_layer": 0.5, "beta": 0.0}
 
@@ -59,7 +59,7 @@ def test_batch_not_divisible_by_num_generations_names_the_fix():
 
 
 def test_algo_defaults_apply_and_recipe_wins(tmp_path):
-    config = build_config("poise", {"epsilon_high": 0.3}, str(tmp_path))
+    config = parse_recipe({"algo": "poise", "epsilon_high": 0.3}, str(tmp_path)).args
     assert config.num_generations == 2 and config.epsilon_high == 0.3 and config.beta == 0.0
     assert config.use_cpu and not config.bf16
 
@@ -67,7 +67,8 @@ def test_algo_defaults_apply_and_recipe_wins(tmp_path):
 def test_push_to_hub_is_a_run_setting_and_needs_a_repo(tmp_path):
     from poise_trl.train import train_from_recipe
 
-    settings, config = split_recipe({"algo": "grpo", "push_to_hub": True, "hub_model_id": "me/x"}, GRPOConfig)
+    settings, config = split_recipe({"algo": "grpo", "push_to_hub": True, "hub_model_id": "me/x"},
+                                    get_algorithm("grpo"))
     assert settings.push_to_hub is True and "push_to_hub" not in config  # TRL's own push stays off
     with pytest.raises(RecipeError, match="hub_model_id"):
         train_from_recipe({"algo": "grpo", "push_to_hub": True}, output_dir=str(tmp_path), show_progress=False)

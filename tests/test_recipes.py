@@ -4,9 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from poise_trl.recipe import load_recipe, split_recipe
-from poise_trl.train import build_config
-from poise_trl.trainers import get_algorithm
+from poise_trl.build import parse_recipe
+from poise_trl.recipe import load_recipe
 
 # recipes/accelerate/ holds launch configs, not recipes (tests/test_plan.py reads them)
 RECIPES = sorted(p for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*/*.yaml") if p.parent.name != "accelerate")
@@ -19,8 +18,7 @@ def test_there_are_toy_and_gpu_recipes():
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_builds_its_config(path, tmp_path):
     recipe = load_recipe(path)
-    settings, config_kwargs = split_recipe(recipe, get_algorithm(recipe["algo"]).config_class)
-    config = build_config(recipe["algo"], config_kwargs, str(tmp_path))
+    config = parse_recipe(recipe, str(tmp_path)).args
     assert getattr(config, "num_generations", 1) >= 1 and config.seed == recipe.get("seed", config.seed)
     if path.parent.name == "gpu":
         assert config.use_vllm and config.vllm_mode == "colocate"

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import build_trainer
 from test_train import tiny_recipe
 from trl import GRPOTrainer
 
 from poise_trl import estimators as est
-from poise_trl.recipe import split_recipe
-from poise_trl.rewards import get_reward_functions
-from poise_trl.train import build_config, load_datasets, load_tokenizer, train_from_recipe
-from poise_trl.trainers.reinforce_pp import REINFORCEPPConfig, REINFORCEPPTrainer
+from poise_trl.train import train_from_recipe
+from poise_trl.trainers.reinforce_pp import REINFORCEPPConfig
 
 BASE = dict(output_dir="unused", use_cpu=True, report_to="none")
 
@@ -36,11 +35,7 @@ def make_trainer(model_dir, out, algo="reinforce_pp", **overrides):
         "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 12, "max_steps": 1,
         "logging_steps": 1, "save_strategy": "no", "learning_rate": 1e-3, "seed": 0, "beta": 0.05, **overrides,
     }
-    settings, config_kwargs = split_recipe(recipe, REINFORCEPPConfig)
-    args = build_config(algo, config_kwargs, str(out))
-    train_set, _ = load_datasets(settings, seed=0)
-    trainer = REINFORCEPPTrainer(model=str(model_dir), reward_funcs=get_reward_functions(["math_accuracy"]),
-                                 args=args, train_dataset=train_set, processing_class=load_tokenizer(str(model_dir)))
+    trainer = build_trainer(recipe, out)
     # Move the policy away from the reference so that every KL estimator is non-zero.
     torch.manual_seed(0)
     with torch.no_grad():

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 import poise_trl.rewards as rewards
+from poise_trl.prompts import load_prompt_dataset
 from poise_trl.rewards import (
     REWARD_FUNCTIONS,
     all_boxed,
@@ -314,3 +316,76 @@ def test_math_accuracy_reward_grades_a_batch_in_one_round_trip(monkeypatch):
     monkeypatch.setattr(rewards, "grade_batch", lambda pairs, *a: calls.append(len(pairs)) or real(pairs, *a))
     assert math_accuracy_reward([r"\boxed{1}", r"\boxed{2}", "x"], answer=["1", "1", "1"]) == [1.0, 0.0, 0.0]
     assert calls == [3]
+
+
+# ---------------------------------------------------------- misses seen on real evaluation files
+
+FIXTURES = Path(__file__).parent / "fixtures" / "grader"
+
+
+def test_a_list_gold_holds_alternatives():
+    """DeepScaleR's minerva test file (agentica-project/deepscaler, deepscaler/data/test/minerva.json; its
+    reward, deepscaler/rewards/math_reward.py, accepts any element) stores `"answer": ["353", "352"]`
+    where either value is right. The fixture has one such row in that schema, and one 1-element list."""
+    ds = load_prompt_dataset(FIXTURES / "deepscaler_minerva.json")
+    assert list(ds["answer"]) == ['["353", "352"]', "56"]  # a column of strings, as TRL needs
+    completions = [r"\boxed{352}", r"\boxed{353}", r"\boxed{354}", r"\boxed{353, 352}", r"\boxed{56}"]
+    answers = [ds["answer"][0]] * 4 + [ds["answer"][1]]
+    assert math_accuracy_reward(completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert is_correct(r"\boxed{352}", ["353", "352"])  # a list passed as it is means the same
+    assert normalize_gold_answer(ds["answer"][0]) == ds["answer"][0]  # idempotent
+
+
+def test_a_note_in_parentheses_is_not_part_of_the_gold():
+    # Qwen2.5-Math evaluation/data/asdiv/test.jsonl, idx 1192, field `answer`
+    gold = "13 (first-aid kits)"
+    assert normalize_gold_answer(gold) == "13"
+    assert grade_batch([(r"\boxed{13}", gold), (r"\boxed{12}", gold)]) == [True, False]
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("$f(-2)+f(-1)+f(0) = 2 + 5/3 + 1$, so the sum is 14/3.", True),
+        ("The answer is 14/3 .", True),
+        ("so the sum is 13/3.", False),
+    ],
+)
+def test_an_unboxed_final_fraction(completion, expected):
+    # MATH-500 (HuggingFaceH4/MATH-500 test.jsonl), test/algebra/2584.json, field `answer`; its solution
+    # boxes the same value. math-verify reads a full stop after `14/3` as a decimal point.
+    assert is_correct(completion, r"\frac{14}{3}") is expected
+    assert is_correct(completion.replace("14/3", r"$\dfrac{14}{3}$"), "14/3") is expected
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("so L is about 4.5e33 ergs per second.", True),
+        ("The luminosity is 4.5e33.", True),
+        ("so L is about 4.6e33 ergs per second.", False),
+        ("so L is about 4.5e32 ergs per second.", False),
+    ],
+)
+def test_unboxed_scientific_notation(completion, expected):
+    # Qwen2.5-Math evaluation/data/minerva_math/test.jsonl, idx 1, field `solution`:
+    # "L & \simeq \boxed{4.5e33} \mathrm{ergs} \mathrm{s}^{-1}"; math-verify alone reads `4.5e33` as 4.5.
+    solution = r"L & \simeq \boxed{4.5e33} \mathrm{ergs} \mathrm{s}^{-1} \simeq 1 L_{\odot}"
+    assert is_correct(completion, solution) is expected
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        ("1.22", "1,22", True),  # math-verify tests/test_all.py::test_number_extraction
+        (r"\boxed{1,25}", "1.25", True),  # MATH-500 test/prealgebra/1558.json `answer`
+        (r"\boxed{1,35}", "1.25", False),
+        (r"\boxed{1,250}", "1.25", False),  # three digits: thousands, never 1.25
+        (r"\boxed{58.5}", "58,500", False),  # MATH-500 test/counting_and_probability/737.json `answer`
+        (r"\boxed{58500}", "58,500", True),
+        (r"\boxed{-2, 1}", "-2,1", True),  # MATH-500 test/intermediate_algebra/1102.json `answer`: two roots
+        (r"\boxed{-2.1}", "-2,1", False),
+    ],
+)
+def test_a_decimal_comma_only_where_unambiguous(completion, gold, expected):
+    assert is_correct(completion, gold) is expected

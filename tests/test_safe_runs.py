@@ -6,15 +6,14 @@ import os
 import shutil
 
 import pytest
-from poise_trl.cli.main import app
 from typer.testing import CliRunner
 
-from poise_trl.recipe import (
+from poise_trl.cli.main import app
+from poise_trl.recipe import RecipeError, load_recipe
+from poise_trl.run_folder import (
     CHECKPOINT_MARKER,
-    RecipeError,
     differing_settings,
     inspect_run_folder,
-    load_recipe,
     write_checkpoint_marker,
 )
 from poise_trl.train import train_from_recipe
@@ -199,7 +198,7 @@ def test_killed_after_the_budget_checkpoint_finishes_without_training(tmp_path, 
 def test_a_hub_dataset_without_network_fails_at_once(monkeypatch):
     import socket
 
-    from poise_trl.data import DatasetUnavailableError
+    from poise_trl.prompts import DatasetUnavailableError
     from poise_trl.train import require_hub_if_needed
 
     def no_network(*args, **kwargs):

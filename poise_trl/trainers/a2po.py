@@ -57,8 +57,10 @@ from trl.import_utils import suppress_experimental_warning
 with suppress_experimental_warning():  # TRL's own imports of trl.experimental do the same; the registry says "experimental"
     from trl.experimental.a2po import A2POConfig, A2POTrainer
 
+from poise_trl.distributed import summed_over_processes
+from poise_trl.provenance import write_json
 from poise_trl.recipe import RecipeError
-from poise_trl.trainers.base import summed_over_processes
+from poise_trl.trainers.base import TrainerContract, register_algorithm
 
 A2PO_STATE_FILE = "a2po_state.json"
 ZERO_TARGET_TOLERANCE = 1e-6
@@ -66,12 +68,10 @@ ZERO_TARGET_TOLERANCE = 1e-6
 
 @dataclass
 class A2POArmConfig(A2POConfig):
-    """TRL's A2POConfig as `poise train` builds it (no extra fields: everything A*-PO needs is TRL's)."""
+    """TRL's A2POConfig as `poise train` builds it. A*-PO's defining settings are TRL's defaults (beta1
+    0.5, beta2 1e-3, 8 value samples, all-wrong prompts filtered); the recipe sets the rest."""
 
 
-# A*-PO's defining settings are TRL's defaults (beta1 0.5, beta2 1e-3, 8 value samples, all-wrong
-# prompts filtered); the recipe sets the rest.
-A2PO_DEFAULTS: dict = {}
 
 
 def completion_lengths(completion_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
@@ -103,7 +103,7 @@ def recording_generate(model, on_output):
             model.generate = own
 
 
-class CountingA2POTrainer(A2POTrainer):
+class CountingA2POTrainer(TrainerContract, A2POTrainer):
     """TRL's A2POTrainer with poise-trl's counters, budget checks and resumable stage 1."""
 
     def __init__(self, model, reward_funcs, args=None, train_dataset=None, eval_dataset=None, processing_class=None,
@@ -114,10 +114,7 @@ class CountingA2POTrainer(A2POTrainer):
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers)
-        self.generated_tokens = 0
-        self.generated_rollouts = 0
-        self.policy_forward_passes = 0
-        self.pending_logs: dict[str, float] = {}
+        self.init_counters()
         self.stage1_tokens: int | None = None  # None until stage 1 ran (or came back from a checkpoint)
         self.stage1_rollouts: int | None = None
         self.stage1_seconds: float | None = None
@@ -125,9 +122,6 @@ class CountingA2POTrainer(A2POTrainer):
         callback = self._eval_callback()
         if callback is not None and callback.budget is not None and self.train_dataset is not None:
             self._check_stage1_fits(callback.budget)  # here: `poise train` has written nothing yet
-
-    def create_model_card(self, *args, **kwargs) -> None:
-        """`poise train` writes its own card into final/ (`poise_trl.hub.build_model_card`)."""
 
     # -- helpers ------------------------------------------------------------------------------------
 
@@ -256,15 +250,11 @@ class CountingA2POTrainer(A2POTrainer):
             "filter_all_incorrect": self.args.filter_all_incorrect,
         }
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+    def save_side_state(self, checkpoint: Path) -> None:
+        write_json(checkpoint / A2PO_STATE_FILE, self._a2po_state())
 
-            from poise_trl.provenance import write_json
-
-            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            write_json(folder / A2PO_STATE_FILE, self._a2po_state())
+    # Stage 1's state is restored by `train` (`restore_stage1`) before TRL's own train builds the dataloader
+    # from the filtered train set: load_side_state, called later, has nothing left to do.
 
     def restore_stage1(self, checkpoint: str | Path) -> None:
         """V*, the filtered train set and the counters of a checkpoint; stage 1 is not run again."""
@@ -303,3 +293,8 @@ class CountingA2POTrainer(A2POTrainer):
         if checkpoint and self._optimal_values is None:
             self.restore_stage1(checkpoint)
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+
+register_algorithm("a2po", A2POArmConfig, CountingA2POTrainer, "A*-PO",
+                   "A*-PO (TRL experimental): offline V* from reference samples, 1 rollout per prompt",
+                   card="A*-PO: optimal value V* estimated offline from reference samples, one rollout per prompt")

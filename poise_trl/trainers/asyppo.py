@@ -41,7 +41,8 @@ from trl import GRPOConfig
 from poise_trl import estimators
 from poise_trl.critic_report import CriticReportCallback
 from poise_trl.critics import STATE_FILE, CriticEnsemble
-from poise_trl.trainers.base import AdvantageTrainer
+from poise_trl.distributed import gather_padded
+from poise_trl.trainers.base import AdvantageTrainer, register_algorithm
 
 CRITICS_DIR = "critics"
 CRITIC_VALUES = ("before_update", "after_update", "cross_fit")
@@ -128,6 +129,14 @@ class AsyPPOConfig(GRPOConfig):
         default=1.0, metadata={"help": "A response counts as correct (positive example) when its reward >= this."}
     )
 
+    # TRL's fields, at AsyPPO's values: seed 001's J_PPO, a per-response mean (1/|o| sum_t), clip 0.2,
+    # no KL, and its entropy bonus; scale_rewards is unused (the advantages come from GAE).
+    loss_type: str = field(default="grpo", metadata={"help": "Per-response mean loss (seed 001's J_PPO)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Clip range."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient: no KL term."})
+    scale_rewards: str = field(default="none", metadata={"help": "Unused: the advantages come from GAE."})
+    entropy_coef: float = field(default=1e-3, metadata={"help": "beta of AsyPPO's filtered entropy bonus."})
+
     def __post_init__(self):
         super().__post_init__()
         if self.num_critics < 1:
@@ -160,46 +169,34 @@ class AsyPPOConfig(GRPOConfig):
             raise ValueError("use_adaptive_entropy is not supported: the entropy bonus here is AsyPPO's filtered one")
 
 
-ASYPPO_DEFAULTS = {
-    "num_critics": 2,
-    "num_generations": 8,
-    "loss_type": "grpo",        # seed 001's J_PPO: 1/|o| sum_t, a per-response mean
-    "epsilon": 0.2,
-    "beta": 0.0,
-    "scale_rewards": "none",    # unused: the advantages come from GAE
-    "entropy_coef": 1e-3,
-}
+@dataclass
+class PPOConfig(AsyPPOConfig):
+    """Plain PPO as seed 003's baseline describes it: one critic the size of the actor, GAE with
+    lambda 0.95 for both the policy and the critic, gamma 1, sample-level loss, clip 0.2. TRL
+    needs num_generations >= 2, so PPO samples each prompt twice (seed 003 samples once)."""
 
-# Plain PPO as seed 003's baseline describes it: one critic the size of the actor, GAE with
-# lambda 0.95 for both the policy and the critic, gamma 1, sample-level loss, clip 0.2. TRL
-# needs num_generations >= 2, so PPO samples each prompt twice (seed 003 samples once).
-PPO_DEFAULTS = {
-    "num_critics": 1,
-    "adv_mask_fraction": 0.0,
-    "entropy_filter_fraction": 0.0,
-    "entropy_coef": 0.0,
-    "lambda_policy": 0.95,
-    "lambda_critic": 0.95,
-    "num_generations": 2,
-    "loss_type": "grpo",
-    "epsilon": 0.2,
-    "beta": 0.0,
-    "scale_rewards": "none",
-}
+    num_critics: int = field(default=1, metadata={"help": "One critic."})
+    adv_mask_fraction: float = field(default=0.0, metadata={"help": "No disagreement mask (one critic)."})
+    entropy_filter_fraction: float = field(default=0.0, metadata={"help": "No entropy filter (one critic)."})
+    entropy_coef: float = field(default=0.0, metadata={"help": "No entropy bonus."})
+    lambda_policy: float = field(default=0.95, metadata={"help": "GAE lambda of the policy's advantages."})
+    lambda_critic: float = field(default=0.95, metadata={"help": "GAE lambda of the critic's targets."})
+    num_generations: int | None = field(default=2, metadata={"help": "Rollouts per prompt."})
 
-# VAPO (seed 003, "训练细节"): PPO plus value warm-up (50 steps), decoupled GAE
-# (lambda_critic 1), length-adaptive lambda_policy (alpha 0.05), clip-higher 0.2/0.28,
-# token-level loss, positive-example LM loss (mu 0.1), group sampling (16 per prompt).
-VAPO_DEFAULTS = {
-    **PPO_DEFAULTS,
-    "lambda_critic": 1.0,
-    "length_adaptive_alpha": 0.05,
-    "epsilon_high": 0.28,
-    "loss_type": "dapo",
-    "positive_lm_coef": 0.1,
-    "value_warmup_steps": 50,
-    "num_generations": 16,
-}
+
+@dataclass
+class VAPOConfig(PPOConfig):
+    """VAPO (seed 003, "训练细节"): PPO plus value warm-up (50 steps), decoupled GAE
+    (lambda_critic 1), length-adaptive lambda_policy (alpha 0.05), clip-higher 0.2/0.28,
+    token-level loss, positive-example LM loss (mu 0.1), group sampling (16 per prompt)."""
+
+    lambda_critic: float = field(default=1.0, metadata={"help": "Decoupled GAE: lambda 1 for the critic."})
+    length_adaptive_alpha: float | None = field(default=0.05, metadata={"help": "Length-adaptive GAE alpha."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip range (clip-higher)."})
+    loss_type: str = field(default="dapo", metadata={"help": "Token-level loss."})
+    positive_lm_coef: float = field(default=0.1, metadata={"help": "mu of the positive-example LM loss."})
+    value_warmup_steps: int = field(default=50, metadata={"help": "Critic-only steps at the start."})
+    num_generations: int | None = field(default=16, metadata={"help": "Rollouts per prompt (group sampling)."})
 
 
 class AsyPPOTrainer(AdvantageTrainer):
@@ -241,7 +238,7 @@ class AsyPPOTrainer(AdvantageTrainer):
         self.add_callback(CriticReportCallback(self, self.args.output_dir))
 
     def _critic_path(self, model) -> str:
-        from poise_trl.train import resolve_model_path
+        from poise_trl.loading import resolve_model_path
 
         if self.args.critic_model is not None:
             return resolve_model_path(self.args.critic_model)
@@ -251,12 +248,6 @@ class AsyPPOTrainer(AdvantageTrainer):
         return self.state.global_step < self.args.value_warmup_steps
 
     # -- advantages -------------------------------------------------------------------------
-
-    def _gather_tokens(self, tensor: torch.Tensor) -> torch.Tensor:
-        """(B_local, T_local) -> (B_global, T_max), right-padded with 0, rows in process order."""
-        if self.accelerator.num_processes == 1:
-            return tensor
-        return self.accelerator.gather(self.accelerator.pad_across_processes(tensor, dim=1))
 
     def compute_advantages(self, rewards, output):
         cfg = self.args
@@ -309,16 +300,16 @@ class AsyPPOTrainer(AdvantageTrainer):
         critic_std = values.std(0, correction=0)
 
         # Over the global batch: whitening, Low_k / Top_h of sigma (seed 001, steps 4-5).
-        g_mask, g_adv, g_std = (self._gather_tokens(t) for t in (mask, advantages, critic_std))
+        g_mask, g_adv, g_std = (gather_padded(self.accelerator, t) for t in (mask, advantages, critic_std))
         raw_std = g_adv[g_mask.bool()].float().std().item() if int(g_mask.sum()) > 1 else 0.0
         if cfg.whiten_advantages:
             g_adv = estimators.masked_whiten(g_adv, g_mask)
         low = estimators.low_disagreement_mask(g_std, g_mask, cfg.adv_mask_fraction)
         high = estimators.high_disagreement_mask(g_std, g_mask, cfg.entropy_filter_fraction)
         g_adv = torch.where(low, torch.zeros_like(g_adv), g_adv)
-        g_targets = self._gather_tokens(targets)
-        record = self._log_critic_round(g_mask, g_std, low, high, self._gather_tokens(prior_value),
-                                        self._gather_tokens(value), g_targets, g_adv, rewards.float(), raw_std)
+        g_targets = gather_padded(self.accelerator, targets)
+        record = self._log_critic_round(g_mask, g_std, low, high, gather_padded(self.accelerator, prior_value),
+                                        gather_padded(self.accelerator, value), g_targets, g_adv, rewards.float(), raw_std)
         record["value_loss"] = fit["value_loss"]
         self.critic_history.append(record)
 
@@ -336,7 +327,7 @@ class AsyPPOTrainer(AdvantageTrainer):
     def _log_advantages(self, advantages, completion_mask) -> None:
         # The base class gathers advantages[mask], whose length differs between ranks (a
         # collective size mismatch under several processes); gather the padded (B, T) instead.
-        values = self._gather_tokens(advantages)[self._gather_tokens(completion_mask).bool()].float()
+        values = gather_padded(self.accelerator, advantages)[gather_padded(self.accelerator, completion_mask).bool()].float()
         self._metrics["train"]["advantages/mean"].append(values.mean().item())
         self._metrics["train"]["advantages/std"].append(values.std().item() if values.numel() > 1 else 0.0)
 
@@ -434,19 +425,11 @@ class AsyPPOTrainer(AdvantageTrainer):
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+    def save_side_state(self, checkpoint: Path) -> None:
+        self.critics.save(checkpoint / CRITICS_DIR)
 
-            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            self.critics.save(Path(self._get_output_dir(trial=trial)) / folder / CRITICS_DIR)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        critic_dir = Path(checkpoint) / CRITICS_DIR
+    def load_side_state(self, checkpoint: Path) -> None:
+        critic_dir = checkpoint / CRITICS_DIR
         if not (critic_dir / STATE_FILE).exists():
             raise FileNotFoundError(
                 f"checkpoint {checkpoint} has no critic state ({CRITICS_DIR}/{STATE_FILE}): it was not written by "
@@ -455,3 +438,12 @@ class AsyPPOTrainer(AdvantageTrainer):
                 "trainer."
             )
         self.critics.load(critic_dir)
+
+
+register_algorithm("asyppo", AsyPPOConfig, AsyPPOTrainer, "AsyPPO",
+                   "2 small critics on disjoint halves, GAE, std-based masks",
+                   card="AsyPPO: small critics on disjoint halves of each group, GAE")
+register_algorithm("ppo", PPOConfig, AsyPPOTrainer, "PPO", "PPO: 1 same-size critic, GAE lambda 0.95",
+                   card="PPO with one critic, GAE")
+register_algorithm("vapo", VAPOConfig, AsyPPOTrainer, "VAPO",
+                   "VAPO: PPO + value warm-up, decoupled/adaptive GAE, positive LM loss", card="VAPO: value-based PPO")

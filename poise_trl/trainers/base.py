@@ -1,4 +1,16 @@
-"""The seams every poise-trl algorithm uses in TRL's GRPOTrainer.
+"""The seams every poise-trl algorithm uses in TRL's GRPOTrainer, and the algorithm registry.
+
+An algorithm is a config class (its defining settings are the class's field defaults, TRL's way)
+and a trainer class, registered by name beside its code with `register_algorithm`.
+
+Every trainer keeps two contracts, inherited from `CountingGRPOTrainer` or written out by a trainer
+that subclasses another TRL trainer (A*-PO):
+- counters: `generated_tokens`, `generated_rollouts` and `policy_forward_passes` (the budget units of
+  `poise compare` and the pass count in `summary.json`) and `pending_logs` for a step's log entry;
+- checkpoint side state: `save_side_state(checkpoint)` writes what the trainer keeps beside TRL's
+  checkpoint (probe, critics, streams) and `load_side_state(checkpoint)` reads it back; the
+  checkpoint folder comes from `run_folder.checkpoint_folder`. `TrainerContract` calls them from
+  TRL's save and load, so a trainer never overrides those two.
 
 `CountingGRPOTrainer` counts what generation produced for training (the budget units of
 `poise compare`). TRL computes group-mean advantages inside `_generate_and_score_completions` and hands on
@@ -11,19 +23,76 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from trl import GRPOTrainer
 
-
-def summed_over_processes(accelerator, values: list[float] | torch.Tensor) -> list[float]:
-    """Each entry of a small vector of counts or sums, added over all processes (every process passes
-    the same number of entries)."""
-    local = torch.as_tensor(values, device=accelerator.device)
-    return accelerator.gather(local).view(-1, local.numel()).sum(dim=0).tolist()
+from poise_trl.distributed import summed_over_processes
+from poise_trl.run_folder import checkpoint_folder
 
 
-class CountingGRPOTrainer(GRPOTrainer):
+@dataclass(frozen=True)
+class Algorithm:
+    name: str  # the recipe's `algo`
+    config_class: type
+    trainer_class: type
+    display_name: str  # "POISE", "REINFORCE++ w/ Baseline": in error lines and tables
+    description: str  # one line: what distinguishes it
+    card: str | None = None  # the model card's line on the algorithm; None: the name alone
+    min_generations: int = 2  # rollouts per prompt its baseline needs
+
+
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register_algorithm(name: str, config_class: type, trainer_class: type, display_name: str, description: str,
+                       card: str | None = None, min_generations: int = 2) -> None:
+    if name in ALGORITHMS:
+        raise ValueError(f"algo {name!r} is registered twice")
+    ALGORITHMS[name] = Algorithm(name, config_class, trainer_class, display_name, description, card, min_generations)
+
+
+class TrainerContract:
+    """What `poise train`, the callbacks and `poise compare` rely on in every trainer, whichever TRL
+    trainer it extends (put this class first in the bases):
+
+    - counters, set up by `init_counters`: `generated_tokens` and `generated_rollouts` (every
+      completion generated for training, the budget units), `policy_forward_passes` (policy passes
+      through the log-prob path) and `pending_logs` (values for the step's log entry);
+    - checkpoint side state: `save_side_state(checkpoint)` / `load_side_state(checkpoint)`, called by
+      TRL's save (on the process that saves) and load (on every process, when resuming);
+    - no TRL model card: `poise train` writes its own into final/ (`poise_trl.hub.build_model_card`).
+    """
+
+    def init_counters(self) -> None:
+        self.generated_tokens = 0
+        self.generated_rollouts = 0
+        self.policy_forward_passes = 0
+        self.pending_logs: dict[str, float] = {}
+
+    def save_side_state(self, checkpoint: Path) -> None:
+        """Write what the trainer keeps beside TRL's checkpoint (probe, critics, streams)."""
+
+    def load_side_state(self, checkpoint: Path) -> None:
+        """Restore what `save_side_state` wrote."""
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """TRL writes its generic card ("trained with GRPO") at every save; see the class docstring."""
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            self.save_side_state(checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self.load_side_state(Path(checkpoint))
+
+
+class CountingGRPOTrainer(TrainerContract, GRPOTrainer):
     """TRL's GRPOTrainer, plus exact global counts of the completion tokens and rollouts
     generated for training: every generation round, including rounds whose groups DAPO's
     dynamic sampling drops. TRL's own `num_tokens` also counts prompt tokens. The counts go
@@ -33,18 +102,11 @@ class CountingGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.generated_tokens = 0
-        self.generated_rollouts = 0
-        # Forward passes of the policy through TRL's log-prob path, with and without grad: how
-        # POISE shows its features ride on a pass every algorithm makes.
-        self.policy_forward_passes = 0
-        self.pending_logs: dict[str, float] = {}
-
-    def create_model_card(self, *args, **kwargs) -> None:
-        """TRL writes its generic card ("trained with GRPO") at every save; `poise train`
-        writes its own card into final/ (`poise_trl.hub.build_model_card`)."""
+        self.init_counters()
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        # Forward passes of the policy, with and without grad: how POISE shows that its features
+        # ride on a pass every algorithm makes.
         if model is self.model:
             self.policy_forward_passes += 1
         return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)

@@ -3,13 +3,13 @@ advantages) and RLOO, each also with training-free process rewards (seed 002).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
 from poise_trl import estimators
-from poise_trl.process_rewards import ProcessRewardArguments, ProcessRewardMixin
-from poise_trl.trainers.base import AdvantageTrainer, CountingGRPOTrainer
+from poise_trl.process_rewards import PROCESS_REWARDS_HELP, ProcessRewardArguments, ProcessRewardMixin
+from poise_trl.trainers.base import AdvantageTrainer, CountingGRPOTrainer, register_algorithm
 
 
 @dataclass
@@ -17,8 +17,7 @@ class RLOOConfig(GRPOConfig):
     """GRPO settings; the advantage is r_i minus the mean reward of the other rollouts of
     the prompt, with no std scaling (Kool et al. 2019; TRL's RLOO default)."""
 
-
-RLOO_DEFAULTS = {"scale_rewards": "none"}
+    scale_rewards: str = field(default="none", metadata={"help": "No std division of the advantages."})
 
 
 class RLOOTrainer(AdvantageTrainer):
@@ -31,7 +30,9 @@ class RLOOTrainer(AdvantageTrainer):
 
 @dataclass
 class GRPOProcessConfig(ProcessRewardArguments, GRPOConfig):
-    """GRPOConfig plus the process-reward settings."""
+    """GRPOConfig plus the process-reward settings, switched on."""
+
+    process_rewards: bool = field(default=True, metadata={"help": PROCESS_REWARDS_HELP})
 
 
 class GRPOProcessTrainer(ProcessRewardMixin, CountingGRPOTrainer):
@@ -40,8 +41,21 @@ class GRPOProcessTrainer(ProcessRewardMixin, CountingGRPOTrainer):
 
 @dataclass
 class RLOOProcessConfig(ProcessRewardArguments, RLOOConfig):
-    """RLOOConfig plus the process-reward settings."""
+    """RLOOConfig plus the process-reward settings, switched on."""
+
+    process_rewards: bool = field(default=True, metadata={"help": PROCESS_REWARDS_HELP})
 
 
 class RLOOProcessTrainer(ProcessRewardMixin, RLOOTrainer):
     """Leave-one-out outcome advantages plus process rewards."""
+
+
+register_algorithm("grpo", GRPOConfig, CountingGRPOTrainer, "GRPO",
+                   "TRL's GRPO: group-mean baseline scaled by the group std",
+                   card="GRPO: group-mean baseline scaled by the group standard deviation")
+register_algorithm("rloo", RLOOConfig, RLOOTrainer, "RLOO", "leave-one-out baseline, no std scaling",
+                   card="RLOO: leave-one-out baseline")
+register_algorithm("grpo_process", GRPOProcessConfig, GRPOProcessTrainer, "GRPO",
+                   "GRPO + training-free process rewards (seed 002)")
+register_algorithm("rloo_process", RLOOProcessConfig, RLOOProcessTrainer, "RLOO",
+                   "RLOO + training-free process rewards (seed 002)")

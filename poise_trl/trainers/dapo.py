@@ -53,7 +53,7 @@ from trl.trainer.utils import pad
 
 from poise_trl import estimators
 from poise_trl.provenance import write_json
-from poise_trl.trainers.base import AdvantageTrainer, PromptStream
+from poise_trl.trainers.base import AdvantageTrainer, PromptStream, register_algorithm
 
 FILL_MODES = ("drop", "zero_variance")
 DAPO_STATE_FILE = "dapo_state.json"
@@ -89,6 +89,11 @@ class DAPOConfig(GRPOConfig):
                           "4096 of 20480); 0: off."},
     )
     overlong_penalty_factor: float = field(default=1.0, metadata={"help": "Penalty at max_completion_length."})
+    # TRL's fields, at DAPO's values: clip-higher 0.2/0.28, token-level loss, no KL.
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip range (clip-higher)."})
+    loss_type: str = field(default="dapo", metadata={"help": "Token-level loss."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient: no KL term."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -100,9 +105,6 @@ class DAPOConfig(GRPOConfig):
             self.overlong_buffer_length = self.max_completion_length // 5
         if not 0 <= self.overlong_buffer_length <= self.max_completion_length:
             raise ValueError(f"overlong_buffer_length must be in [0, max_completion_length], got {self.overlong_buffer_length}")
-
-
-DAPO_DEFAULTS = {"epsilon": 0.2, "epsilon_high": 0.28, "loss_type": "dapo", "beta": 0.0}
 
 
 # ---------------------------------------------------------------------------------------
@@ -252,20 +254,12 @@ class DAPOTrainer(AdvantageTrainer):
 
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+    def save_side_state(self, checkpoint: Path) -> None:
+        # Every process draws the same number of extra batches (rounds are collective).
+        write_json(checkpoint / DAPO_STATE_FILE, {"extra_batches_drawn": self.extra_batches_drawn})
 
-            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            # Every process draws the same number of extra batches (rounds are collective).
-            write_json(folder / DAPO_STATE_FILE, {"extra_batches_drawn": self.extra_batches_drawn})
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        state_file = Path(checkpoint) / DAPO_STATE_FILE
+    def load_side_state(self, checkpoint: Path) -> None:
+        state_file = checkpoint / DAPO_STATE_FILE
         if state_file.exists():
             self.extra_batches_drawn = json.loads(state_file.read_text())["extra_batches_drawn"]
         elif self.args.dynamic_sampling:
@@ -312,3 +306,8 @@ class DAPOTrainer(AdvantageTrainer):
             metrics[f"dapo/{key}"].append(float(record[key]))
         if record["trained_rollouts"]:
             metrics["dapo/generated_per_trained"].append(record["generated_rollouts"] / record["trained_rollouts"])
+
+
+register_algorithm("dapo", DAPOConfig, DAPOTrainer, "DAPO",
+                   "DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling",
+                   card="DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling")

@@ -56,6 +56,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad
 
 from poise_trl import estimators
+from poise_trl.distributed import summed_over_processes
 from poise_trl.features import (
     HiddenStateCapture,
     RolloutFeatures,
@@ -64,9 +65,9 @@ from poise_trl.features import (
     extract_prompt_vectors,
 )
 from poise_trl.probe import PROBE_INPUTS, ProbeEstimator, probe_metrics
-from poise_trl.process_rewards import ProcessRewardArguments, ProcessRewardMixin
+from poise_trl.process_rewards import PROCESS_REWARDS_HELP, ProcessRewardArguments, ProcessRewardMixin
 from poise_trl.provenance import write_json
-from poise_trl.trainers.base import AdvantageTrainer, PromptStream, summed_over_processes
+from poise_trl.trainers.base import AdvantageTrainer, PromptStream, register_algorithm
 
 PROBE_STATE_FILE = "poise_probe.safetensors"
 SELECTION_STATE_FILE = "poise_selection.json"
@@ -76,6 +77,13 @@ SELECTION_STATE_FILE = "poise_selection.json"
 class POISEConfig(GRPOConfig):
     """GRPOConfig plus the POISE probe. Defaults for the RL part follow the reference run
     (poise-spec "RL settings"): 2 rollouts per prompt, clip 0.2/0.28, token-mean loss, no KL."""
+
+    num_generations: int | None = field(default=2, metadata={"help": "Rollouts per prompt (POISE's pair)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip range (clip-higher)."})
+    loss_type: str = field(default="dapo", metadata={"help": "Token-mean loss over the batch."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient: no KL term."})
+    scale_rewards: str = field(default="none", metadata={"help": "No std division of the advantages."})
 
     probe_layer: float = field(
         default=0.55,
@@ -165,16 +173,6 @@ def select_prompts(predicted: torch.Tensor, k: int, random_count: int,
     # Stable descending sort: among equal scores the earlier candidate wins.
     ranked = torch.sort(scores, descending=True, stable=True).indices[: k - random_count].tolist()
     return floor + ranked, [True] * len(floor) + [False] * len(ranked)
-
-
-POISE_DEFAULTS = {
-    "num_generations": 2,
-    "epsilon": 0.2,
-    "epsilon_high": 0.28,
-    "loss_type": "dapo",
-    "beta": 0.0,
-    "scale_rewards": "none",
-}
 
 
 class POISETrainer(AdvantageTrainer):
@@ -411,23 +409,15 @@ class POISETrainer(AdvantageTrainer):
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+    def save_side_state(self, checkpoint: Path) -> None:
+        self.value_estimator.save(checkpoint)
+        if self.args.prompt_selection:
+            # Every process draws the same number of stream batches: one state file serves all.
+            write_json(checkpoint / SELECTION_STATE_FILE,
+                       {"batches_drawn": self.selection_batches_drawn, "counts": self.selection_counts})
 
-            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            self.value_estimator.save(folder)
-            if self.args.prompt_selection:
-                # Every process draws the same number of stream batches: one state file serves all.
-                write_json(folder / SELECTION_STATE_FILE,
-                           {"batches_drawn": self.selection_batches_drawn, "counts": self.selection_counts})
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        if not (Path(checkpoint) / PROBE_STATE_FILE).exists():
+    def load_side_state(self, checkpoint: Path) -> None:
+        if not (checkpoint / PROBE_STATE_FILE).exists():
             raise FileNotFoundError(
                 f"checkpoint {checkpoint} has no POISE probe state ({PROBE_STATE_FILE}): it was not written by "
                 "POISETrainer, or was copied without it. Resuming would silently restart the probe; start a fresh "
@@ -435,7 +425,7 @@ class POISETrainer(AdvantageTrainer):
             )
         self.value_estimator = ProbeEstimator.load(checkpoint, device=self._probe_device())
         if self.args.prompt_selection:
-            state_file = Path(checkpoint) / SELECTION_STATE_FILE
+            state_file = checkpoint / SELECTION_STATE_FILE
             if not state_file.exists():
                 raise FileNotFoundError(
                     f"checkpoint {checkpoint} has no prompt-selection state ({SELECTION_STATE_FILE}): it was written "
@@ -447,9 +437,19 @@ class POISETrainer(AdvantageTrainer):
 
 @dataclass
 class POISEProcessConfig(ProcessRewardArguments, POISEConfig):
-    """POISEConfig plus the process-reward settings."""
+    """POISEConfig plus the process-reward settings, switched on."""
+
+    process_rewards: bool = field(default=True, metadata={"help": PROCESS_REWARDS_HELP})
 
 
 class POISEProcessTrainer(ProcessRewardMixin, POISETrainer):
     """POISE's cross-rollout outcome advantages plus process rewards. The V(prefix) passes call
     the model directly, outside the probe's hidden-state capture, so they add no features."""
+
+
+register_algorithm(
+    "poise", POISEConfig, POISETrainer, "POISE", "2 rollouts, cross-rollout baseline from a hidden-state probe",
+    card="POISE: 2 rollouts per prompt, each rollout's baseline predicted by a linear probe on the policy's hidden "
+         "states and entropies from the other rollout")
+register_algorithm("poise_process", POISEProcessConfig, POISEProcessTrainer, "POISE",
+                   "POISE + training-free process rewards (seed 002)")

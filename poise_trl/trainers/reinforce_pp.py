@@ -35,8 +35,9 @@ from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
 from poise_trl import estimators
-from poise_trl.process_rewards import ProcessRewardArguments, ProcessRewardMixin, gather_padded
-from poise_trl.trainers.base import AdvantageTrainer
+from poise_trl.distributed import gather_padded
+from poise_trl.process_rewards import ProcessRewardArguments, ProcessRewardMixin
+from poise_trl.trainers.base import AdvantageTrainer, register_algorithm
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -47,7 +48,7 @@ class REINFORCEPPConfig(ProcessRewardArguments, GRPOConfig):
     wherever the KL goes (reward for k1, loss for k2/k3)."""
 
     kl_estimator: str = field(
-        default="k2",
+        default="k1",
         metadata={"help": "'k1': -beta * k1 per token inside the reward (seed 004, Eq. (4)); 'k2': beta * k2 as a "
                           "loss term (Eq. (8), reverse-KL gradient); 'k3': TRL's own k3 loss term. Off when beta = 0."},
     )
@@ -56,6 +57,9 @@ class REINFORCEPPConfig(ProcessRewardArguments, GRPOConfig):
         metadata={"help": "Subtract the group-mean reward before global normalization (REINFORCE++ w/ Baseline, "
                           "Eqs. (6)-(7)); needs num_generations >= 2."},
     )
+    # TRL's fields, at REINFORCE++'s values (seed 004): a small KL, per-response mean loss.
+    beta: float = field(default=1e-3, metadata={"help": "KL coefficient (k1 in the reward by default)."})
+    loss_type: str = field(default="grpo", metadata={"help": "Per-response mean loss."})
 
     def __post_init__(self):
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -77,6 +81,15 @@ class REINFORCEPPConfig(ProcessRewardArguments, GRPOConfig):
         self.num_generations = self.per_device_train_batch_size
         super().__post_init__()
         self.num_generations = 1
+
+
+@dataclass
+class REINFORCEPPBaselineConfig(REINFORCEPPConfig):
+    """REINFORCE++ w/ Baseline (seed 004, Eqs. (6)-(8)): group-mean baseline, then global normalization,
+    with the k2 KL as a loss term."""
+
+    group_baseline: bool = field(default=True, metadata={"help": "Subtract the group-mean reward first."})
+    kl_estimator: str = field(default="k2", metadata={"help": "beta * k2 as a loss term (Eq. (8))."})
 
 
 class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
@@ -180,5 +193,9 @@ class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
         raise ValueError(f"Unknown loss type: {self.loss_type}")
 
 
-REINFORCE_PP_DEFAULTS = {"kl_estimator": "k1", "beta": 1e-3, "loss_type": "grpo"}
-REINFORCE_PP_BASELINE_DEFAULTS = {"group_baseline": True, "kl_estimator": "k2", "beta": 1e-3, "loss_type": "grpo"}
+register_algorithm("reinforce_pp", REINFORCEPPConfig, REINFORCEPPTrainer, "REINFORCE++",
+                   "REINFORCE++: k1 KL in the reward, global normalization (k >= 1)",
+                   card="REINFORCE++: global advantage normalization", min_generations=1)
+register_algorithm("reinforce_pp_baseline", REINFORCEPPBaselineConfig, REINFORCEPPTrainer, "REINFORCE++ w/ Baseline",
+                   "REINFORCE++ w/ Baseline: group mean, global std, k2 KL loss",
+                   card="REINFORCE++ w/ Baseline: group mean, then global normalization")

@@ -37,10 +37,9 @@ def compare(
     Rerun the same command to resume: complete runs are skipped, interrupted ones resume from
     their newest complete checkpoint, and runs made with other settings are refused.
     """
-    from poise_trl.cli.main import fail, user_errors
-
     from poise_trl import compare as lib
     from poise_trl.callbacks import Budget
+    from poise_trl.cli.errors import fail, user_errors
 
     try:
         if (budget_tokens is None) == (budget_rollouts is None):

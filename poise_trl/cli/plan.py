@@ -23,8 +23,7 @@ def plan(
 ):
     """Per-GPU memory of a recipe from the model's config alone (weights are never downloaded):
     weights, gradients, AdamW state, activations, LM head, vLLM, critics; fits or which change makes it fit."""
-    from poise_trl.cli.main import fail, user_errors
-
+    from poise_trl.cli.errors import fail, user_errors
     from poise_trl.plan import GIB, Sharding, parse_memory, plan_recipe, sharding_from_accelerate_config
     from poise_trl.recipe import load_recipe
 

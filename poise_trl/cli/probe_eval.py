@@ -79,14 +79,13 @@ def probe_eval(
     with a fine-tuned value model, ablated probes and a constant; writes report.json and plots.
     """
     # Imported here, not at the top: `poise --help` and the other commands should not load torch for us.
-    from poise_trl.cli.main import fail, user_errors
-
     from poise_trl import probe_eval as lib
+    from poise_trl.cli.errors import fail, user_errors
 
     try:
         if not model or not dataset:
             raise lib.ProbeEvalError("give the policy with --model and the prompts with --dataset")
-        from poise_trl.recipe import check_model_files
+        from poise_trl.loading import check_model_files
 
         check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before sampling
         main_layer = lib.parse_layers([layer])

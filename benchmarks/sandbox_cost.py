@@ -86,8 +86,8 @@ def main():
         "isolation_auto": sandbox.detect_isolation(),
         "ran_as": "root (sandbox runs as uid 65534)" if os.geteuid() == 0 else "non-root user",
         "interpreter": python,
-        "interpreter_note": "plain, bwrap and unshare run `interpreter`; none runs the caller's own Python "
-                            f"({sys.executable}), as the sandbox does in that mode",
+        "interpreter_note": "plain, bwrap and unshare run `interpreter`; none runs the caller's own Python, "
+                            "as the sandbox does in that mode",
         "limits": vars(LIMITS),
         "machine": {"cpu_count": os.cpu_count(), "note": "2 cores shared with other jobs: numbers are noisy",
                     "platform": platform.platform()},

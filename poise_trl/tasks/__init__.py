@@ -54,6 +54,7 @@ FAMILIES: dict[str, str] = {
     "reasoning-gym": "poise_trl.tasks.reasoning_gym",
     "bfcl": "poise_trl.tasks.bfcl",
     "ifeval": "poise_trl.tasks.ifeval",
+    "humaneval": "poise_trl.tasks.humaneval",
 }
 
 

@@ -27,7 +27,8 @@ CHECKPOINT_MARKER = "checkpoint_complete.json"  # written last into a checkpoint
 # Keys that do not change what a run computes: a rerun may differ in them and still be the same run.
 NOT_SETTINGS = {"resume_from_checkpoint", "push_to_hub", "hub_model_id", "output_dir"}
 # What `poise train` writes into an output folder; --overwrite removes nothing else.
-RUN_ENTRIES = ("recipe.yaml", "summary.json", "probe_report.json", "probe_values.png", "README.md", "final",
+RUN_ENTRIES = ("recipe.yaml", "summary.json", "probe_report.json", "probe_values.png", "critic_report.json",
+               "critic_values.png", "README.md", "final",
                "checkpoint-*", "*.tmp")
 
 
@@ -125,6 +126,8 @@ def inspect_run_folder(path: str | Path, recipe: dict, overwrite: bool = False, 
     if foreign:
         raise RecipeError(f"output folder {path} holds files that are not from poise train ({', '.join(foreign[:3])}"
                           f"{', ...' if len(foreign) > 3 else ''}): give an empty or new --output-dir")
+    if overwrite:  # the new run replaces whatever run is there, readable or not
+        return RunFolder(path, "new", clear=True)
     summary_path, recipe_path = path / "summary.json", path / "recipe.yaml"
     summary = None
     if summary_path.exists():
@@ -144,8 +147,6 @@ def inspect_run_folder(path: str | Path, recipe: dict, overwrite: bool = False, 
     else:
         raise RecipeError(f"output folder {path} holds run files but no recipe.yaml, so its settings are unknown: "
                           "give --overwrite to start over, or another --output-dir")
-    if overwrite:
-        return RunFolder(path, "new", clear=True)
     differing = differing_settings(recorded, recipe)
     if differing:
         shown = ", ".join(f"{k} ({_flatten(recorded).get(k)!r} -> {_flatten(recipe).get(k)!r})" for k in differing[:4])

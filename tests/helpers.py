@@ -49,7 +49,8 @@ def build_trainer(recipe: dict, out, *, reward_funcs=None, trainer_class=None):
     from poise_trl.build import build_run
 
     recipe = {"eval_max_new_tokens": 8, "eval_num_samples": 1, **recipe}
-    return build_run(recipe, str(out), reward_funcs=reward_funcs, trainer_class=trainer_class).trainer
+    # overwrite: a test may build a second trainer over the first one's checkpoints to resume from them
+    return build_run(recipe, str(out), overwrite=True, reward_funcs=reward_funcs, trainer_class=trainer_class).trainer
 
 
 def trainable_parameters(trainer) -> dict:

@@ -199,7 +199,7 @@ def test_a_hub_dataset_without_network_fails_at_once(monkeypatch):
     import socket
 
     from poise_trl.prompts import DatasetUnavailableError
-    from poise_trl.train import require_hub_if_needed
+    from poise_trl.build import require_hub_if_needed
 
     def no_network(*args, **kwargs):
         raise OSError(-2, "Name or service not known")

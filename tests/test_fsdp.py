@@ -22,6 +22,7 @@ import torch
 from helpers import run_accelerate_launch, run_two_cpu_ranks
 from safetensors.torch import load_file
 
+from poise_trl.loading import resolve_model_path
 from poise_trl.recipe import load_recipe
 
 SCRIPT = Path(__file__).parent / "distributed" / "fsdp2_two_ranks.py"
@@ -54,7 +55,7 @@ def fsdp2_recipe(algo: str, **changes) -> dict:
     recipe = load_recipe(REPO / "recipes" / "toy" / f"{algo}.yaml")
     for key in ("model", "critic_model"):
         if key in recipe:
-            recipe[key] = str(REPO / recipe[key])
+            recipe[key] = resolve_model_path(recipe[key])
     recipe.update(num_generations=2, per_device_train_batch_size=4, critic_mini_batch_size=2, max_completion_length=16,
                   dataset_size=32, eval_limit=4, eval_every=2, eval_num_samples=1, eval_max_new_tokens=16,
                   max_steps=4, logging_steps=1, save_steps=2)

@@ -198,8 +198,8 @@ def test_killed_after_the_budget_checkpoint_finishes_without_training(tmp_path, 
 def test_a_hub_dataset_without_network_fails_at_once(monkeypatch):
     import socket
 
-    from poise_trl.prompts import DatasetUnavailableError
     from poise_trl.build import require_hub_if_needed
+    from poise_trl.prompts import DatasetUnavailableError
 
     def no_network(*args, **kwargs):
         raise OSError(-2, "Name or service not known")

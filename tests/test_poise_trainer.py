@@ -80,10 +80,9 @@ def test_reuses_trls_no_grad_pass_when_it_runs(tmp_path, tiny_random_model_dir):
 
 
 def test_works_with_a_lora_adapter(tmp_path, tiny_random_model_dir):
-    from peft import LoraConfig
 
     trainer = make_trainer(tiny_random_model_dir, tmp_path / "lora", max_steps=2,
-                           peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+                           peft={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
     trainer.train()
     assert [h["probe_active"] for h in trainer.probe_history] == [False, True]
     assert trainer.value_estimator.refit_count == 2

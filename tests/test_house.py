@@ -15,7 +15,7 @@ from helpers import assert_parameters_moved, build_trainer, trainable_parameters
 from poise_trl.build import parse_recipe
 from poise_trl.prompts import load_prompt_dataset
 from poise_trl.rewards import get_reward_functions
-from poise_trl.tasks import TaskError, get_family, score_rows
+from poise_trl.tasks import TaskError, get_family, score_rows, task_rows
 from poise_trl.trainers import algorithms
 from poise_trl.trainers.base import TrainerContract
 
@@ -112,6 +112,9 @@ def test_a_task_dataset_carries_its_verifier_and_the_task_reward_routes_each_row
     assert parse_recipe({"algo": "grpo", "dataset": "reasoning-gym:chain_sum"}).settings.rewards == ["task"]
     with pytest.raises(TaskError, match="unknown task 'reasoning-gymm:chain_sum'; did you mean 'reasoning-gym'"):
         get_family("reasoning-gymm:chain_sum")
+    with pytest.raises(TaskError, match=r"unknown task_config key 'timout_s' .*did you mean 'timeout_s'.*allowed: "
+                                        r"code_sandbox, timeout_s"):
+        task_rows("humaneval", "train", 2, 0, {"timout_s": 3})
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ import importlib
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class TaskError(ValueError):
@@ -43,10 +43,8 @@ class TaskFamily:
     build_rows: Callable[[str | None, dict, str, int | None, int], list[dict]]
     score: Callable[[str, dict], float]
     score_batch: Callable[[list[str], list[dict]], list[float]] | None = None
-    config_keys: frozenset[str] = frozenset()  # keys a recipe may give this family (beyond size/seed/weight)
+    config_keys: frozenset[str] = frozenset()  # keys a recipe's task_config may give this family
     variants: Callable[[], list[str]] | None = None  # the names after the colon, for suggestions
-    needs_variant: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 # family name -> module defining TASK; one line per family.
@@ -94,9 +92,14 @@ def task_rows(name: str, split: str, size: int | None, seed: int, config: dict |
     family) and `id`."""
     family = get_family(name)
     variant = name.split(":", 1)[1] if ":" in name else None
-    if family.needs_variant and not variant:
-        raise TaskError(f"task {name!r} needs a variant after a colon, e.g. {family.name}:<name>")
-    rows = family.build_rows(variant, dict(config or {}), split, size, seed)
+    config = dict(config or {})
+    unknown = sorted(set(config) - family.config_keys)
+    if unknown:  # a family with variants may check its variant's own keys more narrowly in build_rows
+        close = difflib.get_close_matches(unknown[0], family.config_keys, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        allowed = ", ".join(sorted(family.config_keys)) if len(family.config_keys) <= 20 else "see its module"
+        raise TaskError(f"unknown task_config key {unknown[0]!r} for task {name!r}{hint} (allowed: {allowed or 'none'})")
+    rows = family.build_rows(variant, config, split, size, seed)
     return [{"prompt": row["prompt"], "answer": str(row["answer"]), "task": name,
              "verifier": json.dumps(row["verifier"], sort_keys=True), "id": str(row["id"])} for row in rows]
 

@@ -176,5 +176,4 @@ TASK = TaskFamily(
     score=score,
     config_keys=frozenset(k for name in generator_names() for k in generator_keys(name)) | FAMILY_KEYS,
     variants=generator_names,
-    needs_variant=True,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -177,7 +177,6 @@ class Run:
     trainer: object = None
     eval_callback: HeldOutEvalCallback | None = None
     probe_report: ProbeReportCallback | None = None
-    warnings: list[str] = field(default_factory=list)
 
     @property
     def resume_from(self) -> str | None:

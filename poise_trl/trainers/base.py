@@ -3,14 +3,7 @@
 An algorithm is a config class (its defining settings are the class's field defaults, TRL's way)
 and a trainer class, registered by name beside its code with `register_algorithm`.
 
-Every trainer keeps two contracts, inherited from `CountingGRPOTrainer` or written out by a trainer
-that subclasses another TRL trainer (A*-PO):
-- counters: `generated_tokens`, `generated_rollouts` and `policy_forward_passes` (the budget units of
-  `poise compare` and the pass count in `summary.json`) and `pending_logs` for a step's log entry;
-- checkpoint side state: `save_side_state(checkpoint)` writes what the trainer keeps beside TRL's
-  checkpoint (probe, critics, streams) and `load_side_state(checkpoint)` reads it back; the
-  checkpoint folder comes from `run_folder.checkpoint_folder`. `TrainerContract` calls them from
-  TRL's save and load, so a trainer never overrides those two.
+Every trainer keeps `TrainerContract` (counters, checkpoint side state; see its docstring).
 
 `CountingGRPOTrainer` counts what generation produced for training (the budget units of
 `poise compare`). TRL computes group-mean advantages inside `_generate_and_score_completions` and hands on

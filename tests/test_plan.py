@@ -242,7 +242,9 @@ def test_train_check_stops_on_a_gpu_when_the_launch_cannot_fit(monkeypatch):
     from poise_trl.plan import check_memory_plan
 
     recipe = load_recipe(REPO / "recipes" / "gpu" / "poise_qwen3-4b.yaml")
-    assert check_memory_plan(recipe) is None  # no GPU
+    # parsed on this CPU machine, before the GPU is stubbed in (the config object is built for the machine)
+    parsed, skipping = parse_recipe(recipe), parse_recipe({**recipe, "skip_memory_plan": True})
+    assert check_memory_plan(parsed) is None  # no GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=80 * GIB))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -250,10 +252,10 @@ def test_train_check_stops_on_a_gpu_when_the_launch_cannot_fit(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("WORLD_SIZE", "1")  # a plain one-GPU launch of a recipe planned for ZeRO-3 on 2
     with pytest.raises(RecipeError, match="does NOT fit.*skip_memory_plan: true"):
-        check_memory_plan(recipe)
-    assert check_memory_plan({**recipe, "skip_memory_plan": True}) is None
+        check_memory_plan(parsed)
+    assert check_memory_plan(skipping) is None
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
-    assert check_memory_plan(recipe).fits
+    assert check_memory_plan(parsed).fits

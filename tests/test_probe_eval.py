@@ -13,10 +13,11 @@ import pytest
 import torch
 import typer
 from helpers import assert_one_line_error
-from poise_trl.cli.probe_eval import probe_eval as probe_eval_command
 from typer.testing import CliRunner
 
+from poise_trl import metrics
 from poise_trl import probe_eval as pe
+from poise_trl.cli.probe_eval import probe_eval as probe_eval_command
 
 QUESTIONS = [f"What is {a} plus {b}?" for a, b in ((3, 4), (12, 30), (5, 9), (7, 7), (21, 8), (6, 1), (40, 2), (9, 9))]
 
@@ -57,35 +58,35 @@ def settings(model, data, out, **kwargs) -> pe.ProbeEvalSettings:
 def test_metrics_match_hand_computed_values():
     pred, target = torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0.0, 0.5, 0.25, 1.0])
     # errors 0.1, -0.1, 0.1, -0.2; Var(target) = 0.546875 / 4 (population)
-    assert pe.mae(pred, target) == pytest.approx(0.125)
-    assert pe.rmse(pred, target) == pytest.approx(math.sqrt(0.0175))
-    assert pe.brier_skill(pred, target) == pytest.approx(1 - 0.0175 / 0.13671875)  # 0.872
-    m = pe.value_metrics(pred, target)
+    assert metrics.mae(pred, target) == pytest.approx(0.125)
+    assert metrics.rmse(pred, target) == pytest.approx(math.sqrt(0.0175))
+    assert metrics.brier_skill(pred, target) == pytest.approx(1 - 0.0175 / 0.13671875)  # 0.872
+    m = metrics.value_metrics(pred, target)
     assert m["pearson"] == pytest.approx(0.365625 / math.sqrt(0.251875 * 0.546875))
     assert m["spearman"] == pytest.approx(1.0)  # same order
     assert m["auroc_solved"] == pytest.approx(1.0)  # the only unsolved prompt has the lowest prediction
 
     # ties: ranks share their average; AUROC counts a tied positive/negative pair as 1/2
-    assert pe.ranks(torch.tensor([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+    assert metrics.ranks(torch.tensor([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
     pred, target = torch.tensor([0.2, 0.2, 0.5, 0.9]), torch.tensor([0.0, 0.5, 0.5, 1.0])
-    assert pe.spearman(pred, target) == pytest.approx(3.75 / 4.5)  # ranks [1.5,1.5,3,4] vs [1,2.5,2.5,4]
-    assert pe.auroc(pred, target > 0) == pytest.approx(2.5 / 3)  # positives 0.2 (tie), 0.5, 0.9 vs 0.2
+    assert metrics.spearman(pred, target) == pytest.approx(3.75 / 4.5)  # ranks [1.5,1.5,3,4] vs [1,2.5,2.5,4]
+    assert metrics.auroc(pred, target > 0) == pytest.approx(2.5 / 3)  # positives 0.2 (tie), 0.5, 0.9 vs 0.2
 
-    lo, hi = pe.pearson_ci95(0.5, 28)  # Fisher z: atanh(0.5) -+ 1.96 / sqrt(25)
+    lo, hi = metrics.pearson_ci95(0.5, 28)  # Fisher z: atanh(0.5) -+ 1.96 / sqrt(25)
     assert (lo, hi) == pytest.approx((math.tanh(math.atanh(0.5) - 0.392), math.tanh(math.atanh(0.5) + 0.392)))
 
     # undefined, not an exception: constant target, one class, too few pairs
     const = torch.full((4,), 0.5)
-    assert math.isnan(pe.brier_skill(pred, const)) and math.isnan(pe.value_metrics(pred, const)["pearson"])
-    assert math.isnan(pe.auroc(pred, torch.ones(4, dtype=torch.bool)))
-    assert all(math.isnan(x) for x in pe.pearson_ci95(0.9, 3))
+    assert math.isnan(metrics.brier_skill(pred, const)) and math.isnan(metrics.value_metrics(pred, const)["pearson"])
+    assert math.isnan(metrics.auroc(pred, torch.ones(4, dtype=torch.bool)))
+    assert all(math.isnan(x) for x in metrics.pearson_ci95(0.9, 3))
 
 
 def test_paired_bootstrap_interval_contains_the_difference():
     target = torch.linspace(0, 1, 30)
     good, bad = target + 0.05 * torch.sin(torch.arange(30.0)), target.flip(0)
-    diff = pe.paired_bootstrap(good, bad, target, n_boot=200)
-    assert diff["pearson"]["diff"] == pytest.approx(pe._pearson(good.double(), target.double()) + 1.0)
+    diff = metrics.paired_bootstrap(good, bad, target, n_boot=200)
+    assert diff["pearson"]["diff"] == pytest.approx(metrics.pearson(good.double(), target.double()) + 1.0)
     lo, hi = diff["mae"]["ci95"]
     assert lo <= diff["mae"]["diff"] <= hi < 0
 

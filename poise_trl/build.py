@@ -22,7 +22,7 @@ from poise_trl.callbacks import (
     ProbeReportCallback,
     RichProgressCallback,
 )
-from poise_trl.generation import resolve_engine
+from poise_trl.generation import keep_cpu_engine_weights_reloadable, resolve_engine
 from poise_trl.loading import check_model_files, load_tokenizer, resolve_model_path
 from poise_trl.prompts import load_prompt_dataset
 from poise_trl.recipe import RecipeError, RunSettings, split_recipe
@@ -196,6 +196,8 @@ def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, ove
         raise RecipeError("push_to_hub needs the repository to push to: set hub_model_id: <user>/<name>")
     if getattr(args, "use_vllm", False):  # A*-PO's config has no vLLM switch
         resolve_engine("vllm")  # one line when vLLM is missing or broken, before any model loads
+        if args.vllm_mode == "colocate":
+            keep_cpu_engine_weights_reloadable()
     model_path = resolve_model_path(settings.model)
     tokenizer = load_tokenizer(model_path)
     train_set, eval_set = load_datasets(settings, seed=args.seed)

@@ -122,6 +122,23 @@ def prepare_vllm_environment() -> None:
     os.environ.setdefault("VLLM_CPU_CI_ENV", "1")
 
 
+def keep_cpu_engine_weights_reloadable() -> None:
+    """Colocate training on a CPU. After loading, vLLM's CPU build (0.31) hands each linear layer to
+    oneDNN (where the CPU supports it), which packs the weight and replaces `layer.weight` with an empty
+    parameter. TRL's weight sync loads new weights through each parameter's `weight_loader`, which the
+    replacement lacks ("'Parameter' object has no attribute 'weight_loader'"), and the packed copy would
+    not see new weights anyway. So an engine that is trained keeps its weights in place and multiplies
+    with them directly (torch's linear): every sync reaches the sampler. No-op on a GPU."""
+    if torch.cuda.is_available():
+        return
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        layer.cpu_linear = torch.nn.functional.linear
+
+    UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
+
+
 def training_generation_record(args, policy_forward_passes: int, steps: int) -> dict:
     """How a training run generated its rollouts, for its summary and model card."""
     use_vllm = getattr(args, "use_vllm", False)  # A*-PO's config has no vLLM switch

@@ -48,7 +48,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from math_verify.errors import TimeoutException
 from math_verify.utils import timeout as signal_timeout
 
-from poise_trl.tasks import completion_text, task_reward
+from poise_trl.tasks import answer_part, completion_text, task_reward
 
 # Cheap guards before math-verify: deeply nested brackets or long answers can keep sympy busy for the
 # whole timeout, and a policy in training produces such garbage routinely. Real answers are far
@@ -159,17 +159,9 @@ def last_boxed(text: str) -> str | None:
     return text[start.end() : end]
 
 
-def _answer_part(text: str) -> str | None:
-    """The text after the last `</think>`; None when thinking was opened but never closed."""
-    _, closed, after = text.rpartition("</think>")
-    if closed:
-        return after
-    return None if "<think>" in text else text
-
-
 def extract_final_answer(text: str) -> str | None:
     """The content of the last `\\boxed{}` after the last `</think>`, stripped; None when there is none."""
-    part = _answer_part(text)
+    part = answer_part(text)
     if part is None or (boxed := last_boxed(part)) is None:
         return None
     return boxed.strip() or None
@@ -442,7 +434,7 @@ def _matches(part: str, gold: str, timeout: int | None) -> bool:
 
 
 def _grade(completion_text: str, gold, timeout: int | None) -> bool:
-    part = _answer_part(completion_text)
+    part = answer_part(completion_text)
     if part is None:
         return False
     return any(_matches(part, answer_to_str(alternative), timeout) for alternative in gold_alternatives(gold))

@@ -56,9 +56,15 @@ FAMILIES: dict[str, str] = {
 }
 
 
+def split_task_name(name: str) -> tuple[str, str | None]:
+    """`reasoning-gym:leg_counting` -> ("reasoning-gym", "leg_counting"); `bfcl` -> ("bfcl", None)."""
+    family, _, variant = str(name).partition(":")
+    return family, variant or None
+
+
 def get_family(name: str) -> TaskFamily:
     """The family of a task name (`reasoning-gym:leg_counting` -> the reasoning-gym family)."""
-    family = name.split(":", 1)[0]
+    family = split_task_name(name)[0]
     if family not in FAMILIES:
         close = difflib.get_close_matches(family, FAMILIES, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -70,12 +76,19 @@ _THINK_CLOSE = "</think>"
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def extract_tagged_answer(text: str) -> str | None:
-    """The stripped text of the last `<answer>...</answer>` after the last `</think>`; None if there is none,
-    or if the completion opened `<think>` and never closed it (cut off mid-thought)."""
+def answer_part(text: str) -> str | None:
+    """What the completion says after its thinking: the text after the last `</think>`, all of it without
+    one; None when it opened `<think>` and never closed it (cut off mid-thought)."""
     if _THINK_CLOSE in text:
-        text = text.rsplit(_THINK_CLOSE, 1)[1]
-    elif "<think>" in text:
+        return text.rsplit(_THINK_CLOSE, 1)[1]
+    return None if "<think>" in text else text
+
+
+def extract_tagged_answer(text: str) -> str | None:
+    """The stripped text of the last `<answer>...</answer>` of the answer part (`answer_part`); None if there
+    is none."""
+    text = answer_part(text)
+    if text is None:
         return None
     found = _ANSWER_RE.findall(text)
     return found[-1].strip() if found else None
@@ -83,15 +96,14 @@ def extract_tagged_answer(text: str) -> str | None:
 
 def is_task(source: str) -> bool:
     """Whether a dataset name names a task family (`reasoning-gym:leg_counting`), not a file or a math set."""
-    return str(source).split(":", 1)[0] in FAMILIES
+    return split_task_name(source)[0] in FAMILIES
 
 
 def task_rows(name: str, split: str, size: int | None, seed: int, config: dict | None = None) -> list[dict]:
     """The rows of task `name` for `split`, as dataset rows: `prompt`, `answer`, `task` (the name, which
     routes each row to its verifier in a mixed dataset), `verifier` (JSON text: one column type for every
     family) and `id`."""
-    family = get_family(name)
-    variant = name.split(":", 1)[1] if ":" in name else None
+    family, variant = get_family(name), split_task_name(name)[1]
     config = dict(config or {})
     unknown = sorted(set(config) - family.config_keys)
     if unknown:  # a family with variants may check its variant's own keys more narrowly in build_rows

@@ -31,7 +31,7 @@ import random
 import re
 from importlib import resources
 
-from poise_trl.tasks import TaskError, TaskFamily
+from poise_trl.tasks import TaskError, TaskFamily, answer_part
 
 # variant -> the category's name in BFCL's file names
 CATEGORIES = {
@@ -191,9 +191,8 @@ def _loads(text: str):
 def parse_tool_calls(text: str) -> list[dict] | None:
     """The completion's calls as BFCL writes them, `[{name: arguments}, ...]`; None when it has none in a
     readable form (or opened `<think>` and never closed it)."""
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1]
-    elif "<think>" in text:
+    text = answer_part(text)
+    if text is None:
         return None
     blocks = _TOOL_CALL_RE.findall(text)
     if blocks:

@@ -24,7 +24,7 @@ import re
 from collections import defaultdict
 
 from poise_trl import sandbox
-from poise_trl.tasks import TaskError, TaskFamily
+from poise_trl.tasks import TaskError, TaskFamily, answer_part
 
 TEST_PERCENT = 20
 DEFAULT_TIMEOUT_S = 5.0
@@ -84,9 +84,8 @@ def build_rows(variant: str | None, config: dict, split: str, size: int | None, 
 def extract_code(completion: str) -> str | None:
     """The last fenced code block of the answer (after the last `</think>`), else the whole answer;
     None when the completion opened `<think>` and never closed it."""
-    if "</think>" in completion:
-        completion = completion.rsplit("</think>", 1)[1]
-    elif "<think>" in completion:
+    completion = answer_part(completion)
+    if completion is None:
         return None
     blocks = _CODE_BLOCK_RE.findall(completion)
     return blocks[-1] if blocks else completion

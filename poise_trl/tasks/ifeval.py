@@ -31,7 +31,7 @@ import hashlib
 import io
 import random
 
-from poise_trl.tasks import TaskError, TaskFamily
+from poise_trl.tasks import TaskError, TaskFamily, answer_part
 
 INSTALL_HINT = "pip install --no-deps lm-eval==0.4.13 && pip install nltk langdetect immutabledict sacrebleu"
 
@@ -288,14 +288,6 @@ def build_rows(variant: str | None, config: dict, split: str, size: int | None, 
 # ------------------------------------------------------------------------------------------------ reward
 
 
-def answer_part(completion: str) -> str | None:
-    """The response to grade: the text after the last `</think>`, all of it without one; None when the
-    completion opened `<think>` and never closed it."""
-    if "</think>" in completion:
-        return completion.rsplit("</think>", 1)[1].strip()
-    return None if "<think>" in completion else completion.strip()
-
-
 def constraints_followed(response: str, verifier: dict) -> list[bool]:
     followed = []
     for instruction_id, kwargs in zip(verifier["instruction_id_list"], verifier["kwargs"], strict=True):
@@ -309,7 +301,7 @@ def score(completion: str, verifier: dict) -> float:
     response = answer_part(completion)
     if response is None:
         return 0.0
-    followed = constraints_followed(response, verifier)
+    followed = constraints_followed(response.strip(), verifier)
     return sum(followed) / len(followed)
 
 

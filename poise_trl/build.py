@@ -44,16 +44,22 @@ class ParsedRecipe:
     args: object
 
     def requested(self, key: str):
-        """A config value as the recipe asks for it, whatever this machine is: the recipe's own value,
-        else the algorithm's default (`poise plan` sizes a GPU launch from a CPU machine)."""
-        if key in self.config_kwargs:
-            return self.config_kwargs[key]
-        default = self.algorithm.config_class.__dataclass_fields__.get(key)
-        if default is None:  # not a setting of this algorithm (A*-PO has no vLLM switch)
-            return None
-        if default.default is not dataclasses.MISSING:
-            return default.default
-        return default.default_factory() if default.default_factory is not dataclasses.MISSING else None
+        """A config value as the recipe asks for it, whatever this machine is (`poise plan` sizes a GPU
+        launch from a CPU machine)."""
+        return requested_value(self.algorithm, self.config_kwargs, key)
+
+
+def requested_value(algorithm: Algorithm, config_kwargs: dict, key: str):
+    """The recipe's own value of a config key, else the algorithm's default; None for a key the
+    algorithm's config does not have (A*-PO has no vLLM switch)."""
+    if key in config_kwargs:
+        return config_kwargs[key]
+    default = algorithm.config_class.__dataclass_fields__.get(key)
+    if default is None:
+        return None
+    if default.default is not dataclasses.MISSING:
+        return default.default
+    return default.default_factory() if default.default_factory is not dataclasses.MISSING else None
 
 
 def parse_recipe(recipe: dict, output_dir: str | None = None) -> ParsedRecipe:
@@ -78,12 +84,10 @@ def build_config(algorithm: Algorithm, config_kwargs: dict, output_dir: str | No
     if not torch.cuda.is_available():
         kwargs.update(use_cpu=True, bf16=False)
         kwargs.setdefault("gradient_checkpointing", False)
-    fields = algorithm.config_class.__dataclass_fields__
-    if "num_generations" in fields:  # A*-PO has one rollout per prompt, no groups
-        defaults = {name: fields[name].default for name in
-                    ("num_generations", "per_device_train_batch_size", "steps_per_generation",
-                     "gradient_accumulation_steps", "generation_batch_size")}
-        check_batch_geometry({**defaults, **kwargs})
+    if "num_generations" in algorithm.config_class.__dataclass_fields__:  # A*-PO: one rollout per prompt
+        check_batch_geometry({key: requested_value(algorithm, config_kwargs, key) for key in
+                              ("num_generations", "per_device_train_batch_size", "steps_per_generation",
+                               "gradient_accumulation_steps", "generation_batch_size")})
     try:
         return algorithm.config_class(**kwargs)
     except (ValueError, TypeError) as exc:

@@ -30,20 +30,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM
-
-from poise_trl.callbacks import progress_bars
-from poise_trl.generation import (
-    ENGINES,
-    Sample,
-    close_vllm_engines,
-    sample_transformers,
-    sample_vllm,
-    start_engine,
-)
-from poise_trl.loading import load_tokenizer, resolve_model_path
+from poise_trl.generation import ENGINES, Engine, Sample, close_vllm_engines, load_engine
+from poise_trl.loading import resolve_model_path
 from poise_trl.metrics import mean_and_stderr, pass_at_k, pass_ks
+from poise_trl.progress import progress_bars
 from poise_trl.prompts import (
     DATA_SUFFIXES,
     DATASETS,
@@ -53,6 +43,7 @@ from poise_trl.prompts import (
 )
 from poise_trl.provenance import package_versions, write_json
 from poise_trl.rewards import extract_final_answer, is_correct
+from poise_trl.tasks import FAMILIES, extract_tagged_answer, get_family, is_task, score_rows
 
 # The instruction of the reference protocol (DeepSeek-R1 / MathArena style evaluations).
 REFERENCE_SUFFIX = "Please output the final answer within \\boxed{}."
@@ -127,6 +118,7 @@ class DataRequest:
     limit: int | None = None
     columns: dict[str, str] | None = None
     config: str | None = None
+    task_config: dict | None = None  # a task family's own settings (`poise_trl.tasks`), e.g. a generator's
 
 
 def benchmark_source(target: str, data_file: str | Path | None = None) -> Benchmark:
@@ -145,12 +137,16 @@ def benchmark_source(target: str, data_file: str | Path | None = None) -> Benchm
         return spec
     if data_file is not None:
         return Benchmark(str(data_file))
+    if is_task(target):  # rows, prompts (with their answer format) and verifiers come from the task family
+        get_family(target)
+        return Benchmark(target, "test", prompt_suffix=None)
     if target in DATASETS or Path(target).exists() or re.fullmatch(r"[\w.-]+/[\w.-]+", target):
         return Benchmark(target)
     hint = " (no such file)" if Path(target).suffix in DATA_SUFFIXES else ""
     raise BenchError(
-        f"unknown benchmark {target!r}{hint}: give a registered benchmark ({', '.join(BENCHMARKS)}), a local "
-        "file or folder, or a hub id (owner/name); to run a local copy under this name add --data-file FILE"
+        f"unknown benchmark {target!r}{hint}: give a registered benchmark ({', '.join(BENCHMARKS)}), a task "
+        f"({', '.join(sorted(FAMILIES))}, e.g. reasoning-gym:leg_counting), a local file or folder, or a hub id "
+        "(owner/name); to run a local copy under this name add --data-file FILE"
     )
 
 
@@ -159,7 +155,8 @@ def benchmark_name(target: str, data_file: str | Path | None = None, name: str |
     registered), a file's stem, or a folder's or hub id's last part."""
     if name is None:
         path = Path(target)
-        name = target if target in BENCHMARKS or data_file else path.stem if path.suffix else path.name
+        name = (target.replace(":", "-") if is_task(target) else target if target in BENCHMARKS or data_file
+                else path.stem if path.suffix else path.name)
     if not _BENCH_NAME.fullmatch(name) or name == "reports":  # reports/ holds the EvalScope reports
         raise BenchError(f"{name!r} cannot name a results folder; pass --name NAME (letters, digits, . _ + -)")
     return name
@@ -176,6 +173,7 @@ def load_benchmark(name: str, data_file: str | Path | None = None, request: Data
         return load_prompt_dataset(
             spec.source, split=split, columns=request.columns, prompt_suffix=spec.prompt_suffix,
             limit=request.limit, seed=seed, config=request.config, column_option=COLUMN_FLAG,
+            task_config=request.task_config,
         )
     except DatasetUnavailableError as exc:
         cause = exc.__cause__.__class__.__name__ if exc.__cause__ else "unavailable"
@@ -202,8 +200,12 @@ def resolve_preset(preset: str | None, benchmarks: list[str], **sampling) -> tup
 
 
 def data_fingerprint(dataset) -> str:
-    """Hash of the prompts (suffix included) and answers: a changed file or suffix changes the results."""
-    payload = json.dumps({"prompt": dataset["prompt"], "answer": dataset["answer"]}, sort_keys=True, default=str)
+    """Hash of the prompts (suffix included) and answers (and a task's verifiers): a changed file, suffix or task
+    config changes the results."""
+    fields = {"prompt": dataset["prompt"], "answer": dataset["answer"]}
+    if "verifier" in dataset.column_names:
+        fields["verifier"] = dataset["verifier"]
+    payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -213,6 +215,24 @@ def data_fingerprint(dataset) -> str:
 def grade(text: str, gold) -> dict:
     """What bench stores about a completion: whether math-verify accepts it and the answer it votes for."""
     return {"correct": is_correct(text, gold), "answer": extract_final_answer(text)}
+
+
+def grade_batch(texts: list[str], rows: list[dict]) -> list[dict]:
+    """`grade` for math rows; task rows (`task`, `verifier` columns) by their own verifier, all at once (a code
+    family runs its programs in one sandbox pool): `reward` in [0, 1], `correct` when it is 1 (pass@k counts
+    those), and the `<answer>` it votes for where the family asks for one."""
+    if not rows or "task" not in rows[0]:
+        return [grade(text, row["answer"]) for text, row in zip(texts, rows, strict=True)]
+    rewards = score_rows(texts, [row["task"] for row in rows], [row["verifier"] for row in rows])
+    return [{"reward": reward, "correct": reward >= 1.0,
+             "answer": extract_tagged_answer(text) if votes_on_answers(row["task"]) else None}
+            for text, row, reward in zip(texts, rows, rewards, strict=True)]
+
+
+def votes_on_answers(task: str) -> bool:
+    """Whether maj@n means something for a task: its completions end in an `<answer>` to vote on (not a
+    program, tool calls or a free response)."""
+    return "<answer>" in get_family(task).answer_format
 
 
 _LATEX_NOISE = re.compile(r"\\(?:left|right)(?![A-Za-z])|\\[!,;: ]|\$|\s+|\^\{?\\circ\}?|\\%|%")
@@ -258,29 +278,70 @@ def majority_correct(records: list[dict]) -> bool:
 # ------------------------------------------------------------------------------------------- metrics
 
 
-def compute_metrics(records: dict[tuple[int, int], dict], num_problems: int, num_samples: int) -> dict:
-    """Avg@n, maj@n and pass@k over problems (each with its standard error), mean response length in
-    tokens and the fraction of responses cut off by the token budget."""
-    by_problem: list[list[dict]] = [[] for _ in range(num_problems)]
+def reward_of(record: dict) -> float:
+    """A graded sample's reward: a task's (partial credit possible), or 1/0 for a math answer."""
+    return float(record.get("reward", record["correct"]))
+
+
+def compute_metrics(records: dict[tuple[int, int], dict], num_problems: int, num_samples: int,
+                    voting: bool = True, problems: list[int] | None = None) -> dict:
+    """Avg@n (mean reward), maj@n (when `voting`) and pass@k by the unbiased estimator (a sample passes when its
+    reward is 1) over problems, each with its standard error; mean response length in tokens and the
+    fraction of responses cut off by the token budget. `problems` restricts the scores to those problems
+    (one task of a mix)."""
+    problems = list(range(num_problems)) if problems is None else problems
+    by_problem: dict[int, list[dict]] = {i: [] for i in problems}
     for (problem, _), record in records.items():
-        by_problem[problem].append(record)
-    if any(len(rs) != num_samples for rs in by_problem):
+        if problem in by_problem:
+            by_problem[problem].append(record)
+    if any(len(rs) != num_samples for rs in by_problem.values()):
         raise BenchError("cannot score an incomplete run: some problems lack samples")
-    correct = [sum(r["correct"] for r in rs) for rs in by_problem]
-    scores = {
-        "avg": mean_and_stderr([c / num_samples for c in correct]),
-        "maj": mean_and_stderr([float(majority_correct(rs)) for rs in by_problem]),
-    }
+    groups = list(by_problem.values())
+    correct = [sum(bool(r["correct"]) for r in rs) for rs in groups]
+    scores = {"avg": mean_and_stderr([sum(reward_of(r) for r in rs) / num_samples for rs in groups])}
+    if voting:
+        scores["maj"] = mean_and_stderr([float(majority_correct(rs)) for rs in groups])
     for k in pass_ks(num_samples):
         scores[f"pass@{k}"] = mean_and_stderr([pass_at_k(num_samples, c, k) for c in correct])
-    flat = [r for rs in by_problem for r in rs]
+    flat = [r for rs in groups for r in rs]
     return {
-        "num_problems": num_problems,
+        "num_problems": len(problems),
         "num_samples": num_samples,
         "scores": scores,
         "mean_tokens": sum(r["num_tokens"] for r in flat) / len(flat),
         "truncated_fraction": sum(r["truncated"] for r in flat) / len(flat),
     }
+
+
+def per_problem_scores(records: dict[tuple[int, int], dict], dataset, num_samples: int) -> list[dict]:
+    """Each problem's samples passed, Avg@n and pass@k (HumanEval reports these per problem), with its task
+    row id where it has one."""
+    ids = dataset["id"] if "id" in dataset.column_names else None
+    rows = []
+    for problem in range(len(dataset)):
+        samples = [records[(problem, j)] for j in range(num_samples)]
+        passed = sum(bool(r["correct"]) for r in samples)
+        rows.append({"problem": problem, **({"id": ids[problem]} if ids else {}), "passed": passed,
+                     "avg": sum(reward_of(r) for r in samples) / num_samples,
+                     **{f"pass@{k}": pass_at_k(num_samples, passed, k) for k in pass_ks(num_samples)}})
+    return rows
+
+
+def dataset_metrics(records: dict[tuple[int, int], dict], dataset, num_samples: int) -> dict:
+    """A benchmark's scores; for task rows also each task's own (`by_task`, a mix's breakdown) and each
+    problem's (`per_problem`)."""
+    if "task" not in dataset.column_names:
+        return compute_metrics(records, len(dataset), num_samples)
+    tasks = dataset["task"]
+    names = list(dict.fromkeys(tasks))
+    metrics = compute_metrics(records, len(dataset), num_samples, voting=all(map(votes_on_answers, names)))
+    metrics["by_task"] = {
+        name: compute_metrics(records, len(dataset), num_samples, voting=votes_on_answers(name),
+                              problems=[i for i, t in enumerate(tasks) if t == name])
+        for name in names
+    }
+    metrics["per_problem"] = per_problem_scores(records, dataset, num_samples)
+    return metrics
 
 
 def average_over_benchmarks(metrics: list[dict]) -> dict:
@@ -372,36 +433,6 @@ def block_seed(seed: int, block_size: int, problem: int, block: int) -> int:
     return int.from_bytes(digest[:4], "little") % 2**31
 
 
-@dataclass
-class Engine:
-    """What generates: vLLM (`generation.vllm_engine`, one per model path) or a loaded transformers model."""
-
-    model_path: str
-    model: object = None
-    tokenizer: object = None
-
-    @property
-    def kind(self) -> str:
-        return "transformers" if self.model is not None else "vllm"
-
-
-def load_engine(model_path: str, requested: str = "auto") -> Engine:
-    """vLLM when it runs here (`generation.start_engine`), otherwise the transformers model (bf16 on GPU)."""
-    try:
-        if start_engine(model_path, requested) is not None:
-            return Engine(model_path)
-    except ValueError as exc:
-        raise BenchError(str(exc)) from None
-
-    tokenizer = load_tokenizer(model_path)
-    cuda = torch.cuda.is_available()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if cuda else torch.float32)
-    except OSError as exc:
-        raise BenchError(f"cannot load the model {model_path!r}: {exc.__class__.__name__}") from None
-    return Engine(model_path, model.to("cuda" if cuda else "cpu"), tokenizer)
-
-
 def generate_missing(engine: Engine, dataset, settings: dict, done: set, batch_size: int, on_samples) -> None:
     """Generate the samples not in `done` and pass them to `on_samples(list of (problem, sample, Sample))`.
 
@@ -433,19 +464,16 @@ def generate_missing(engine: Engine, dataset, settings: dict, done: set, batch_s
     if engine.kind == "vllm":
         problems = [i for i in range(len(prompts)) if any((i, j) not in done for j in range(n))]
         if problems:
-            sample_vllm(engine.model_path, [prompts[i] for i in problems], n, seed=settings["seed"],
-                        on_batch=keep_missing(dict.fromkeys(problems, 0)), prompt_indices=problems, **sampling)
+            engine.sample([prompts[i] for i in problems], n, seed=settings["seed"],
+                          on_batch=keep_missing(dict.fromkeys(problems, 0)), prompt_indices=problems, **sampling)
         return
     block = min(batch_size, n)
     for problem, start in itertools.product(range(len(prompts)), range(0, n, block)):
         size = min(block, n - start)
         if all((problem, j) in done for j in range(start, start + size)):
             continue
-        sample_transformers(
-            engine.model, engine.tokenizer, [prompts[problem]], size, batch_size=size,
-            seed=block_seed(settings["seed"], block, problem, start // block),
-            on_batch=keep_missing({problem: start}), prompt_indices=[problem], **sampling,
-        )
+        engine.sample([prompts[problem]], size, seed=block_seed(settings["seed"], block, problem, start // block),
+                      on_batch=keep_missing({problem: start}), prompt_indices=[problem], **sampling)
 
 
 # ------------------------------------------------------------------------------------------- the run
@@ -550,14 +578,17 @@ def run_benchmarks(
     pending = any(len(done[s["benchmark"]]) < len(ds) * num_samples for ds, s in plans)
     if engine not in ENGINES:
         raise BenchError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
-    generator = load_engine(model_path, engine) if pending else None
+    try:
+        generator = load_engine(model_path, engine, batch_size) if pending else None
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
     results = {}
     with progress_bars("bench", "samples", show_progress and pending) as progress:
         for dataset, settings in plans:
             name = settings["benchmark"]
             if generator is not None:
                 finish_benchmark(generator, dataset, settings, done[name], output_dir / name, batch_size, progress)
-            results[name] = {"settings": settings, "metrics": compute_metrics(done[name], len(dataset), num_samples)}
+            results[name] = {"settings": settings, "metrics": dataset_metrics(done[name], dataset, num_samples)}
 
     close_vllm_engines()
     summary = {
@@ -580,14 +611,14 @@ def finish_benchmark(engine: Engine, dataset, settings: dict, done: dict, bench_
     task = progress.add_task(settings["benchmark"], total=total, completed=len(done)) if progress else None
     if len(done) == total:
         return
-    answers = dataset["answer"]
     with sample_writer(bench_dir / "samples.jsonl") as write:
 
         def on_samples(batch: list[tuple[int, int, Sample]]) -> None:
+            grades = grade_batch([s.text for _, _, s in batch], [dataset[i] for i, _, _ in batch])
             records = [
-                {"problem": i, "sample": j, **grade(s.text, answers[i]), "num_tokens": s.num_tokens,
-                 "truncated": s.truncated, "text": s.text}
-                for i, j, s in batch
+                {"problem": i, "sample": j, **graded, "num_tokens": s.num_tokens, "truncated": s.truncated,
+                 "text": s.text}
+                for (i, j, s), graded in zip(batch, grades, strict=True)
             ]
             write(records)
             done.update({(r["problem"], r["sample"]): r for r in records})
@@ -616,7 +647,8 @@ def evalscope_report(name: str, entry: dict, model: str) -> dict:
     metrics = entry["metrics"]
     n, count = metrics["num_samples"], metrics["num_problems"]
     passes = [key for key in metrics["scores"] if key.startswith("pass@") and key != "pass@1"]  # pass@1 is Avg@n
-    named = [("mean_acc", "avg"), (f"maj@{n}", "maj"), *((key, key) for key in passes)]
+    voted = [(f"maj@{n}", "maj")] if "maj" in metrics["scores"] else []
+    named = [("mean_acc", "avg"), *voted, *((key, key) for key in passes)]
 
     def metric(label: str, key: str) -> dict:
         score = metrics["scores"][key]["value"]
@@ -659,9 +691,12 @@ def eval_results(summary: dict) -> list:
         n, source = metrics["num_samples"], str(settings["data_source"])
         source = DATASETS[source].hub_id or source if source in DATASETS else source
         hub_id = source if "/" in source and not Path(source).exists() else name
+        task_name = source if is_task(source) else "math reasoning"
         for label, key in ((f"Avg@{n}", "avg"), (f"maj@{n}", "maj"), (f"pass@{n}", f"pass@{n}")):
+            if key not in metrics["scores"]:
+                continue
             results.append(EvalResult(
-                task_type="text-generation", task_name="math reasoning", dataset_type=hub_id, dataset_name=name,
+                task_type="text-generation", task_name=task_name, dataset_type=hub_id, dataset_name=name,
                 dataset_split=settings.get("split"), metric_type="accuracy" if key == "avg" else key,
                 metric_name=label, metric_value=round(metrics["scores"][key]["value"], 4),
                 metric_args={"temperature": settings["temperature"], "top_p": settings["top_p"],

@@ -9,6 +9,7 @@ here: `train.py` writes the run.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from poise_trl.generation import keep_cpu_engine_weights_reloadable, resolve_eng
 from poise_trl.loading import check_model_files, load_tokenizer, resolve_model_path
 from poise_trl.prompts import load_prompt_dataset
 from poise_trl.recipe import RecipeError, RunSettings, split_recipe
-from poise_trl.rewards import get_reward_functions
+from poise_trl.rewards import check_reward_functions, get_reward_functions
 from poise_trl.run_folder import RunFolder, plan_output_dir
 from poise_trl.tasks import is_task
 from poise_trl.trainers import Algorithm, get_algorithm
@@ -70,6 +71,8 @@ def parse_recipe(recipe: dict, output_dir: str | None = None) -> ParsedRecipe:
     settings, config_kwargs = split_recipe(recipe, algorithm)
     if settings.rewards is None:
         settings.rewards = ["task"] if is_task(settings.dataset) else ["math_accuracy"]
+    elif isinstance(settings.rewards, str):  # `rewards: math_accuracy`
+        settings.rewards = [settings.rewards]
     args = build_config(algorithm, config_kwargs, output_dir)
     return ParsedRecipe(recipe, algorithm, settings, config_kwargs, args)
 
@@ -134,12 +137,14 @@ def budget_from(settings: RunSettings) -> Budget | None:
         raise RecipeError(f"invalid budget: {exc}") from None
 
 
-def require_hub_if_needed(source: str, split: str | None) -> None:
+def require_hub_if_needed(source: str | list, split: str | None) -> None:
     """A hub dataset with no network fails here in about a second, with one line. With
     HF_HUB_OFFLINE=1, `datasets` reads its local cache (or fails at once) by itself."""
     from poise_trl.hub import hub_unreachable
     from poise_trl.prompts import DATASETS, DatasetUnavailableError
 
+    if is_task(source):  # generated or bundled with the task's package
+        return
     spec = DATASETS.get(source)
     on_hub = spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists()
     if not on_hub or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
@@ -165,6 +170,14 @@ def load_datasets(settings: RunSettings, seed: int):
     eval_source = settings.eval_dataset or settings.dataset
     eval_split = settings.eval_split or "test"
     eval_set = load_prompt_dataset(eval_source, split=eval_split, limit=settings.eval_limit, seed=seed, **common)
+    if is_task(eval_source):
+        # A generated task's test split is drawn from another seed, but a small question space can repeat a
+        # question at any size: the held-out set keeps none that the training rows hold.
+        seen = {json.dumps(prompt, sort_keys=True) for prompt in train_set["prompt"]}
+        eval_set = eval_set.filter(lambda row: json.dumps(row["prompt"], sort_keys=True) not in seen)
+        if len(eval_set) == 0:
+            raise RecipeError(f"every held-out question of {eval_source} is also a training question (its question "
+                              "space is small): lower dataset_size or widen the task's config")
     return train_set, eval_set
 
 
@@ -191,7 +204,8 @@ def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, ove
               show_progress: bool = False, reward_funcs: list | None = None, trainer_class: type | None = None) -> Run:
     """Recipe -> checked model, data, rewards and output folder -> trainer with poise-trl's callbacks.
 
-    Every check runs before the trainer is built and nothing is written. For Python callers:
+    Every check runs before the trainer is built and nothing is written; the reward functions are called
+    once on a dry batch of train rows (`rewards.check_reward_functions`). For Python callers:
     `reward_funcs` replaces the recipe's `rewards` with callables (TRL's reward-function signature), and
     `trainer_class` a subclass of the algorithm's trainer (an instrumented one, say)."""
     parsed = recipe if isinstance(recipe, ParsedRecipe) else parse_recipe(recipe, output_dir)
@@ -206,7 +220,9 @@ def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, ove
     tokenizer = load_tokenizer(model_path)
     train_set, eval_set = load_datasets(settings, seed=args.seed)
     budget = budget_from(settings)
+    reward_names = settings.rewards if reward_funcs is None else None  # the recipe's spelling, for errors
     reward_funcs = reward_funcs if reward_funcs is not None else get_reward_functions(settings.rewards)
+    check_reward_functions(reward_funcs, train_set, tokenizer, reward_names)  # one line, before the folder
     peft_config = build_peft_config(settings.peft)
     folder = plan_output_dir(args, parsed.recipe, overwrite)
     run = Run(parsed, model_path, tokenizer, train_set, eval_set, folder)

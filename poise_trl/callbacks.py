@@ -6,39 +6,17 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import TrainerCallback
 
-from poise_trl.generation import evaluate_accuracy
+from poise_trl.generation import colocated_vllm, evaluate_accuracy, training_engine
 from poise_trl.metrics import calibration_bins, mean_or_none
 from poise_trl.provenance import write_json
 from poise_trl.run_folder import checkpoint_folder, write_checkpoint_marker
-
-
-@contextmanager
-def progress_bars(label: str, unit: str | None = None, enabled: bool = True):
-    """Rich progress bars on stderr for the evaluation tools (`bench`, `probe-eval`), or None."""
-    if not enabled:
-        yield None
-        return
-    columns = [TextColumn(f"[bold]{label}[/] {{task.description}}"), BarColumn(), MofNCompleteColumn()]
-    columns += [TextColumn(unit)] if unit else []
-    columns += [TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=Console(stderr=True)) as progress:
-        yield progress
-
 
 LEDGER_FILE = "heldout_ledger.json"
 
@@ -81,8 +59,8 @@ class HeldOutEvalCallback(TrainerCallback):
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.every = every
-        self.sample_kwargs = dict(num_samples=num_samples, temperature=temperature,
-                                  max_new_tokens=max_new_tokens, batch_size=batch_size)
+        self.sample_kwargs = dict(num_samples=num_samples, temperature=temperature, max_new_tokens=max_new_tokens)
+        self.batch_size = batch_size
         self.seed = seed
         self.budget = budget
         self.resume_from = resume_from
@@ -113,7 +91,7 @@ class HeldOutEvalCallback(TrainerCallback):
         if state.is_world_process_zero:
             return True
         trainer = self.trainer
-        if trainer is None or self._colocated_engine() is not None:
+        if trainer is None or colocated_vllm(trainer) is not None:
             return False
         from transformers.integrations import is_deepspeed_zero3_enabled
 
@@ -128,19 +106,12 @@ class HeldOutEvalCallback(TrainerCallback):
         started = time.time()
         # Same sampling seed at every evaluation: differences between points come from the
         # policy, not from the draw.
-        result = evaluate_accuracy(model, self.tokenizer, self.dataset, seed=self.seed, llm=self._colocated_engine(),
-                                   **self.sample_kwargs)
+        engine = training_engine(self.trainer, model, self.tokenizer, self.batch_size)
+        result = evaluate_accuracy(engine, self.dataset, seed=self.seed, **self.sample_kwargs)
         result.update(step=state.global_step, generated_tokens=self.spent("tokens"),
                       generated_rollouts=self.spent("rollouts"), train_seconds=round(self.train_seconds, 3),
                       seconds=round(time.time() - started, 2), **extra)
         self.history.append(result)
-
-    def _colocated_engine(self):
-        """The trainer's own colocated vLLM engine (None when training does not use one)."""
-        trainer = self.trainer
-        if trainer is None or not getattr(trainer, "use_vllm", False) or trainer.args.vllm_mode != "colocate":
-            return None
-        return trainer.vllm_generation.llm
 
     def _push_weights_to_engine(self, state) -> None:
         """Before an evaluation point, on EVERY process: make the colocated engine hold this
@@ -149,7 +120,7 @@ class HeldOutEvalCallback(TrainerCallback):
         shards, a collective, which is why this runs everywhere and not only where the
         evaluation runs (the main process)."""
         trainer = self.trainer
-        if self._colocated_engine() is not None and trainer._last_loaded_step != state.global_step:
+        if colocated_vllm(trainer) is not None and trainer._last_loaded_step != state.global_step:
             trainer.vllm_generation.sync_weights()
             trainer._last_loaded_step = state.global_step
 

@@ -475,3 +475,14 @@ def extract_prompt_vectors(
                       use_cache=False, logits_to_keep=1)
         ((prompt, _),) = cap.pop().values()
     return prompt
+
+
+def pad_sequences(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids, attention mask), left- or right-padded with `pad_id`."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        cols = slice(width - len(s), width) if left else slice(0, len(s))
+        ids[i, cols], mask[i, cols] = torch.tensor(s, dtype=torch.long), 1
+    return ids, mask

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from poise_trl.tasks import dataset_label
+
 
 def _last_values(train_log: list[dict], prefix: str) -> dict[str, float]:
     last = {}
@@ -22,6 +24,7 @@ def build_model_card(recipe: dict, summary: dict, algorithm_line: str | None = N
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
     algo = summary["algo"]
     base = summary["model"]
+    data = dataset_label(summary["dataset"])
     curve = "\n".join(
         f"| {p['step']} | {p.get('generated_tokens', 0):,} | {p.get('train_seconds', 0):.1f} | {fmt(p['accuracy'])} "
         f"± {fmt(p.get('stderr'))} |" for p in summary.get("heldout_history", []))
@@ -46,11 +49,11 @@ def build_model_card(recipe: dict, summary: dict, algorithm_line: str | None = N
 library_name: transformers
 tags: [poise-trl, trl, {algo}, rlvr]
 {hub_base}---
-# {algo} on {summary['dataset']}
+# {algo} on {data}
 
 Trained with poise-trl (`poise train`, built on TRL {summary.get('versions', {}).get('trl', '?')}):
 **{algorithm_line or algo}**.
-Base model `{base}`, data `{summary['dataset']}`, {summary['steps']} optimizer steps,
+Base model `{base}`, data `{data}`, {summary['steps']} optimizer steps,
 {summary.get('generated_tokens', 0):,} generated completion tokens, {summary.get('train_seconds', 0):.0f} s in
 optimizer steps ({summary['wall_clock_seconds']} s wall clock).
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from poise_trl.recipe import RecipeError
@@ -44,6 +45,38 @@ def load_tokenizer(model: str):
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def load_causal_lm(model: str):
+    """The policy for evaluation (bf16 on a GPU, float32 on a CPU), on the GPU when there is one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    check_model_files(model)
+    cuda = torch.cuda.is_available()
+    try:
+        with quiet_transformers():
+            loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if cuda else torch.float32)
+    except OSError as exc:
+        raise RecipeError(f"cannot load the model {model!r}: {exc.__class__.__name__}: {exc}") from None
+    return loaded.to("cuda" if cuda else "cpu")
+
+
+@contextmanager
+def quiet_transformers():
+    """transformers' load reports and progress bars off: the tools show their own progress, and a new
+    value head is missing from a checkpoint by design."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def require_chat_template(tokenizer, model_name: str = "the model") -> None:

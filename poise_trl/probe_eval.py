@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -41,24 +41,28 @@ import safetensors.torch
 import torch
 
 from poise_trl.bench import BENCHMARKS, data_fingerprint, resolve_model
-from poise_trl.callbacks import progress_bars
 from poise_trl.estimators import leave_one_out_targets
-from poise_trl.features import RolloutFeatures, extract_features, resolve_layer_index
+from poise_trl.features import RolloutFeatures, extract_features, pad_sequences, resolve_layer_index
 from poise_trl.generation import (
     ENGINES,
     TINY_MODEL_PARAMETERS,
+    TransformersEngine,
+    VLLMEngine,
     close_vllm_engines,
     is_tiny_on_cpu,
     one_cpu_thread,
     render_prompts,
-    sample_transformers,
-    sample_vllm,
     start_engine,
 )
+from poise_trl.loading import load_causal_lm
 from poise_trl.metrics import paired_bootstrap, value_metrics
+from poise_trl.plots import plot_layer_sweep, plot_predictions
 from poise_trl.probe import LinearValueProbe
+from poise_trl.progress import progress_bars
 from poise_trl.provenance import package_versions, write_json, write_text
 from poise_trl.rewards import answer_to_str, is_correct
+from poise_trl.tasks import score_rows
+from poise_trl.value_model import load_value_model, predict_value_model, train_value_model
 
 # poise-spec: the reference run's max response; names `poise bench` knows use their budget (toy-arith: 96).
 DEFAULT_MAX_NEW_TOKENS = 8192
@@ -177,49 +181,13 @@ class Policy:
 
     @cached_property
     def model(self):
-        return _load_model(self.path, "causal")
+        return load_causal_lm(self.path)
 
     @cached_property
     def think_end_id(self) -> int:
         """Id of `</think>`; -1 (never matches) for a model without one, so responses pool at the end."""
         token_id = self.tokenizer.convert_tokens_to_ids("</think>")
         return -1 if token_id is None or token_id == self.tokenizer.unk_token_id else int(token_id)
-
-
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _load_model(path: str, kind: str):
-    """A causal LM (bf16 on GPU) or, for the value model, a float32 LM with a 1-output token head."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    # Quiet loading: our own progress bars are on screen, and the value head is new by design.
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        if kind == "causal":
-            dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        else:
-            # No dropout on the pooled state: the regression target is already noisy (0/1 rewards).
-            config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
-            model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
-    except OSError as exc:
-        raise ProbeEvalError(f"cannot load the model {path!r}: {exc.__class__.__name__}: {exc}") from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-    return model.to(_device())
-
-
-def _threads_for(model):
-    """One thread for a tiny model on CPU, where splitting its small matmuls between threads costs more
-    than it saves (much more when other jobs share the cores)."""
-    return one_cpu_thread(is_tiny_on_cpu(model))
 
 
 def num_decoder_layers(model_path: str) -> int:
@@ -268,19 +236,25 @@ def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, pr
         on_batch=(lambda batch: progress.advance(task, len(batch))) if progress else None,
     )
     llm = start_engine(policy.path, policy.engine)
-    if llm is not None:
-        samples = sample_vllm(llm, prompts, **kwargs)
+    engine = VLLMEngine(llm) if llm is not None else TransformersEngine(policy.model, policy.tokenizer, batch_size)
+    samples = engine.sample(prompts, **kwargs)
+    if engine.kind == "vllm":
         close_vllm_engines()  # the features and the value model come next: give its memory back
-    else:
-        samples = sample_transformers(policy.model, policy.tokenizer, prompts, batch_size=batch_size, **kwargs)
-    policy.sampled_with = "transformers" if llm is None else "vllm"
+    policy.sampled_with = engine.kind
     tokenizer = policy.tokenizer
     prompt_ids = tokenizer(render_prompts(tokenizer, prompts), add_special_tokens=False)["input_ids"]
+    tasks = dataset["task"] if "task" in dataset.column_names else None
     groups = [{"prompt_index": i, "answer": answers[i], "prompt_ids": prompt_ids[i], "rollouts": []}
-              for i in range(len(prompts))]
-    for s in samples:
+              | ({"task": tasks[i]} if tasks else {}) for i in range(len(prompts))]
+    if tasks:  # each row's own verifier (poise_trl.tasks)
+        verifiers = dataset["verifier"]
+        rewards = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],
+                             [verifiers[s.prompt_index] for s in samples])
+    else:
+        rewards = [float(is_correct(s.text, answers[s.prompt_index])) for s in samples]
+    for s, reward in zip(samples, rewards, strict=True):
         groups[s.prompt_index]["rollouts"].append({
-            "reward": float(is_correct(s.text, answers[s.prompt_index])),
+            "reward": reward,
             "completion_ids": s.token_ids,
             "num_tokens": s.num_tokens,
             "truncated": s.truncated,
@@ -318,16 +292,6 @@ def _feature_chunks(lengths: list[int], max_rows: int) -> list[slice]:
     return chunks + [slice(start, len(lengths))] if lengths else chunks
 
 
-def _pad(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max((len(s) for s in seqs), default=0)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        cols = slice(width - len(s), width) if left else slice(0, len(s))
-        ids[i, cols], mask[i, cols] = torch.tensor(s, dtype=torch.long), 1
-    return ids, mask
-
-
 def compute_features(
     policy: Policy, groups: list[dict], layers: list[int], temperature: float, batch_size: int, progress=None
 ) -> dict[int, RolloutFeatures]:
@@ -341,9 +305,9 @@ def compute_features(
     task = progress.add_task("features", total=len(rows)) if progress else None
     parts: dict[int, list[RolloutFeatures]] = {layer: [] for layer in layers}
     for chunk in _feature_chunks([len(p) + len(c) for p, c in rows], batch_size):
-        prompt_ids, prompt_mask = _pad([p for p, _ in rows[chunk]], pad, left=True)
-        completion_ids, completion_mask = _pad([c for _, c in rows[chunk]], pad, left=False)
-        with _threads_for(policy.model):
+        prompt_ids, prompt_mask = pad_sequences([p for p, _ in rows[chunk]], pad, left=True)
+        completion_ids, completion_mask = pad_sequences([c for _, c in rows[chunk]], pad, left=False)
+        with one_cpu_thread(is_tiny_on_cpu(policy.model)):
             out = extract_features(policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                    policy.think_end_id, layers, batch_size=len(prompt_ids), temperature=temperature)
         for layer in layers:
@@ -401,64 +365,6 @@ def fit_and_predict(probe: LinearValueProbe, features: RolloutFeatures, targets:
     return probe.fit(features[train_rows], targets[train_rows]).predict(features[heldout_rows])
 
 
-# ------------------------------------------------------------------------------------- value model
-
-
-def _last_token_values(model, seqs: list[list[int]], pad_id: int) -> torch.Tensor:
-    """The scalar head's output at each sequence's last token (right padding): a (b,) tensor."""
-    ids, mask = _pad(seqs, pad_id, left=False)
-    device = next(model.parameters()).device
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    with autocast:
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits[..., 0]
-    return logits.float()[torch.arange(len(seqs), device=device), mask.sum(1).to(device) - 1]
-
-
-def train_value_model(
-    model, seqs: list[list[int]], targets: torch.Tensor, pad_id: int, epochs: int, lr: float, batch_size: int,
-    seed: int, progress=None,
-) -> list[float]:
-    """Fine-tune an LM with a scalar head on (prompt + response) -> target with MSE, in place; returns the
-    mean loss of each epoch.
-
-    Seeded batch order, AdamW without weight decay, gradient clip 1.0, constant lr. The head's bias
-    starts at the target mean, so training starts from the constant baseline.
-    """
-    head = getattr(model, "score", None) or getattr(model, "classifier", None)
-    if getattr(head, "bias", None) is not None:
-        with torch.no_grad():
-            head.bias.fill_(float(targets.mean()))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(seed)
-    steps = math.ceil(len(seqs) / batch_size)
-    task = progress.add_task("value model", total=epochs * steps) if progress else None
-    targets = targets.float().to(_device())
-    losses = []
-    model.train()
-    for _ in range(epochs):
-        total = 0.0
-        for batch in torch.randperm(len(seqs), generator=generator).split(batch_size):
-            loss = torch.nn.functional.mse_loss(_last_token_values(model, [seqs[i] for i in batch], pad_id),
-                                                targets[batch.to(targets.device)])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            total += loss.item() * len(batch)
-            if progress:
-                progress.advance(task)
-        losses.append(total / len(seqs))
-    model.eval()
-    return losses
-
-
-@torch.no_grad()
-def predict_value_model(model, seqs: list[list[int]], pad_id: int, batch_size: int) -> torch.Tensor:
-    """(N,) predictions clipped to [0, 1], like the probe's (rewards are 0/1)."""
-    out = [_last_token_values(model, seqs[i : i + batch_size], pad_id) for i in range(0, len(seqs), batch_size)]
-    return torch.cat(out).clamp(0.0, 1.0).cpu() if out else torch.zeros(0)
-
-
 def value_model_predictions(
     cache_dir: Path, policy: Policy, groups: list[dict], targets: torch.Tensor, train_prompts: list[int],
     heldout_prompts: list[int], settings: ProbeEvalSettings, value_path: str, progress=None,
@@ -485,12 +391,12 @@ def value_model_predictions(
     train_rows, heldout_rows = rollout_rows(train_prompts, n).tolist(), rollout_rows(heldout_prompts, n).tolist()
     started = time.time()
     torch.manual_seed(settings.seed)  # the new head's initialization
-    model = _load_model(value_path, "value")
+    model = load_value_model(value_path)
     # LLM critics are fine-tuned at 1e-6..1e-5; a sub-10M toy model barely moves at such rates (on
     # toy-arith, 1e-4 left the value model near the constant; its own SFT used 3e-3).
     lr = settings.value_lr or (1e-3 if model.num_parameters() < TINY_MODEL_PARAMETERS else 1e-5)
     pad_id = policy.tokenizer.pad_token_id
-    with _threads_for(model):
+    with one_cpu_thread(is_tiny_on_cpu(model)):
         losses = train_value_model(model, [seqs[i] for i in train_rows], targets[train_rows], pad_id,
                                    settings.value_epochs, lr, settings.value_batch_size, settings.seed, progress)
         predictions = predict_value_model(model, [seqs[i] for i in heldout_rows], pad_id, settings.value_batch_size)
@@ -535,56 +441,6 @@ def evaluate_estimators(
     metrics = {name: {"prompt_level": value_metrics(prompts[name], empirical),
                       "rollout_level": value_metrics(rows[name], loo[heldout_rows])} for name in rows}
     return metrics, prompts, empirical
-
-
-# -------------------------------------------------------------------------------------------- plots
-
-
-def plot_predictions(path: Path, empirical: torch.Tensor, predictions: dict[str, torch.Tensor],
-                     metrics: dict[str, dict], n: int) -> Path:
-    """Predicted vs empirical Avg@n per held-out prompt, one panel per estimator."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(predictions), figsize=(4.2 * len(predictions), 4.2), squeeze=False)
-    for ax, (name, pred) in zip(axes[0], predictions.items(), strict=True):
-        ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
-        ax.scatter(empirical.numpy(), pred.numpy(), s=14, alpha=0.7)
-        m = metrics[name]
-        ax.set_title(f"{name}\nPearson {m['pearson']:.3f}, MAE {m['mae']:.3f}", fontsize=10)
-        ax.set_xlabel(f"empirical Avg@{n}")
-        ax.set_xlim(-0.03, 1.03)
-        ax.set_ylim(-0.03, 1.03)
-    axes[0][0].set_ylabel("predicted value (mean over the prompt's rollouts)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def plot_layer_sweep(path: Path, sweep: list[dict], references: dict[str, dict]) -> Path:
-    """Held-out Pearson and MAE of the probe against block depth, with the baselines as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    depths = [s["depth"] for s in sweep]
-    for ax, metric in zip(axes, ("pearson", "mae"), strict=True):
-        ax.plot(depths, [s["metrics"][metric] for s in sweep], marker="o", label="probe")
-        for (name, m), color in zip(references.items(), ("tab:red", "tab:grey"), strict=False):
-            if math.isfinite(m[metric]):
-                ax.axhline(m[metric], color=color, ls="--", lw=1, label=name)
-        ax.set_xlabel("depth of the hooked block (block + 1) / L")
-        ax.set_ylabel(f"held-out {metric}")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 # ---------------------------------------------------------------------------------------- the run

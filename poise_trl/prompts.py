@@ -37,7 +37,7 @@ import pyarrow.parquet
 from poise_trl import toy_task
 from poise_trl.loading import BUNDLED_DATA
 from poise_trl.rewards import answer_to_str, join_alternatives, last_boxed, normalize_gold_answer
-from poise_trl.tasks import is_task, task_rows
+from poise_trl.tasks import TaskError, is_task, mix_rows, task_rows
 
 logger = logging.getLogger(__name__)
 
@@ -454,7 +454,7 @@ def _skipped(bad: dict[str, list[int]], total: int) -> str:
 
 
 def load_prompt_dataset(
-    source: str | Path,
+    source: str | Path | list,
     split: str | None = None,
     columns: dict[str, str] | None = None,
     prompt_suffix: str | None = None,
@@ -479,10 +479,16 @@ def load_prompt_dataset(
     `rewards.normalize_gold_answer`. `column_option` is how errors tell the user to name a column, with
     `{role}` for question or answer (`poise bench` passes `--{role}-column COLUMN`). A task name
     (`reasoning-gym:leg_counting`, see `poise_trl.tasks`) gives that family's rows for `split` ("test", else
-    train), `limit` of them, seeded by `seed`, with `task_config` as the family's config.
+    train), `limit` of them, seeded by `seed`, with `task_config` as the family's config. A list is a task
+    mix (`poise_trl.tasks.mix_rows`): `limit` rows in all, shared by the entries' weights.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be positive, got {limit}")
+    if isinstance(source, (list, tuple)):  # a task mix: each entry names its own config
+        if task_config:
+            raise TaskError("task_config sets one task's keys; in a task mix give each entry its own config: "
+                            "{name: <task>, config: {...}}")
+        return datasets.Dataset.from_list(mix_rows(source, "test" if split == "test" else "train", limit, seed))
     if is_task(str(source)):  # rows and verifiers come from the task family (poise_trl.tasks)
         return datasets.Dataset.from_list(task_rows(str(source), "test" if split == "test" else "train", limit, seed,
                                                     task_config))

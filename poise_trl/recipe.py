@@ -51,7 +51,9 @@ class RunSettings:
 
     algo: str = "grpo"
     model: str = "data/tiny-qwen3"
-    dataset: str = "toy-arith"
+    # A name, file or hub id; or a task mix: a list of task names or {name, weight, size, seed, config}
+    # entries (poise_trl.tasks.mix_rows).
+    dataset: str | list[str | dict[str, Any]] = "toy-arith"
     dataset_split: str | None = None
     dataset_columns: dict[str, str] | None = None
     dataset_size: int | None = None

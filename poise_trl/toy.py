@@ -117,7 +117,7 @@ def build_tiny_model(
     A model already in `output_dir` (the bundled one, by default) is kept unless `overwrite`."""
     from trl import SFTConfig, SFTTrainer
 
-    from poise_trl.generation import evaluate_accuracy
+    from poise_trl.generation import TransformersEngine, evaluate_accuracy
     from poise_trl.prompts import load_prompt_dataset
     from poise_trl.provenance import package_versions
 
@@ -163,7 +163,7 @@ def build_tiny_model(
     model.eval()
     eval_set = load_prompt_dataset("toy-arith", split="test")
     accuracy = evaluate_accuracy(
-        model, tokenizer, eval_set, num_samples=eval_samples, temperature=1.0, max_new_tokens=96, seed=seed
+        TransformersEngine(model, tokenizer, batch_size=128), eval_set, num_samples=eval_samples, temperature=1.0, max_new_tokens=96, seed=seed
     )
     card = {
         "name": "tiny-qwen3-toy-arith",

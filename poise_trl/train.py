@@ -13,6 +13,7 @@ from poise_trl.generation import is_tiny_on_cpu, training_generation_record
 from poise_trl.plan import check_memory_plan
 from poise_trl.provenance import package_versions, write_json, write_text
 from poise_trl.run_folder import clear_run_folder
+from poise_trl.trainers.base import TASK_REWARD_PREFIX
 
 
 def save_full_model(trainer, folder: Path) -> None:
@@ -95,6 +96,7 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         "generated_rollouts": trainer.generated_rollouts,
         "budget": dataclasses.asdict(eval_callback.budget) if eval_callback.budget else None,
         "budget_reached": eval_callback.budget_reached if eval_callback.budget else None,
+        "train_reward_by_task": last_task_rewards(trainer.state.log_history),
         "heldout_history": history,
         "train_log": trainer.state.log_history,
         "recipe": recipe,
@@ -119,6 +121,18 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
 
             push_final_model(out / "final", args.hub_model_id, recipe, summary, algorithm_line=parsed.algorithm.card)
     return summary
+
+
+def last_task_rewards(log_history: list[dict]) -> dict[str, float]:
+    """Each task's mean training reward in the last logging window that held its rows (the trainer's
+    `rewards/task/<task>/mean`, averaged over `logging_steps` steps); empty without a `task` column."""
+    suffix = "/mean"
+    found = {}
+    for entry in log_history:
+        for key, value in entry.items():
+            if key.startswith(TASK_REWARD_PREFIX) and key.endswith(suffix) and value is not None:
+                found[key[len(TASK_REWARD_PREFIX) : -len(suffix)]] = value
+    return dict(sorted(found.items()))
 
 
 def _fmt(value) -> str:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import typer
 from helpers import assert_one_line_error
-from poise_trl.cli.bench import bench as bench_command
 from typer.testing import CliRunner
 
 from poise_trl import bench, generation
-from poise_trl.generation import Sample
+from poise_trl.cli.bench import bench as bench_command
+from poise_trl.generation import Sample, TransformersEngine
 
 
 @pytest.fixture(autouse=True)
@@ -120,12 +120,12 @@ def test_grading_path_of_a_run(tmp_path, tiny_random_model_dir, monkeypatch):
     data.write_text(json.dumps({"question": "Find 35+35.", "answer": "70"}) + "\n")
     texts = ["70", "70.0", "\\boxed{070}", "\\boxed{71}"]
 
-    def fake_sampler(model, tokenizer, prompts, num_samples, on_batch, prompt_indices, **kwargs):
+    def fake_sampler(engine, prompts, num_samples, on_batch, prompt_indices, **kwargs):
         batch = [Sample(prompt_indices[0], t, 3, False) for t in texts[:num_samples]]
         on_batch(batch)
         return batch
 
-    monkeypatch.setattr(bench, "sample_transformers", fake_sampler)
+    monkeypatch.setattr(TransformersEngine, "sample", fake_sampler)
     summary = run(tmp_path / "out", tiny_random_model_dir, data, batch_size=4)
     records = read_records(tmp_path / "out" / "toy-arith" / "samples.jsonl")
     assert [r["correct"] for r in records] == [True, True, True, False]
@@ -154,23 +154,23 @@ def test_torn_last_line_is_cut_and_corrupt_middle_line_refused(tmp_path):
 
 def test_resume_after_crash_loses_nothing_and_duplicates_nothing(tmp_path, toy_file, tiny_random_model_dir, monkeypatch):
     fresh = run(tmp_path / "fresh", tiny_random_model_dir, toy_file)
-    real_sampler = bench.sample_transformers
+    real_sampler = TransformersEngine.sample
     batches = {"count": 0}
 
-    def crashing_sampler(*args, on_batch, **kwargs):
+    def crashing_sampler(engine, *args, on_batch, **kwargs):
         def on_batch_then_crash(batch):
             batches["count"] += 1
             if batches["count"] > 3:
                 raise RuntimeError("simulated crash")
             on_batch(batch)
 
-        return real_sampler(*args, on_batch=on_batch_then_crash, **kwargs)
+        return real_sampler(engine, *args, on_batch=on_batch_then_crash, **kwargs)
 
-    monkeypatch.setattr(bench, "sample_transformers", crashing_sampler)
+    monkeypatch.setattr(TransformersEngine, "sample", crashing_sampler)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="simulated crash"):
         run(out, tiny_random_model_dir, toy_file)
-    monkeypatch.setattr(bench, "sample_transformers", real_sampler)
+    monkeypatch.setattr(TransformersEngine, "sample", real_sampler)
 
     samples = out / "toy-arith" / "samples.jsonl"
     lines = samples.read_text().splitlines()
@@ -295,12 +295,12 @@ def test_unregistered_name_with_data_file(tmp_path, tiny_random_model_dir, monke
     path.write_text("".join(json.dumps(row) + "\n" for row in GSM8K_ROWS))
     texts = iter(["so \\boxed{72}", "\\boxed{70}", "\\boxed{10}", "10 dollars, \\boxed{10}"])
 
-    def fake_sampler(model, tokenizer, prompts, num_samples, on_batch, prompt_indices, **kwargs):
+    def fake_sampler(engine, prompts, num_samples, on_batch, prompt_indices, **kwargs):
         batch = [Sample(prompt_indices[0], next(texts), 3, False) for _ in range(num_samples)]
         on_batch(batch)
         return batch
 
-    monkeypatch.setattr(bench, "sample_transformers", fake_sampler)
+    monkeypatch.setattr(TransformersEngine, "sample", fake_sampler)
     out = tmp_path / "out"
     result, output = cli("gsm8k-local", "--data-file", path, "--answer-column", "answer", "--model",
                          tiny_random_model_dir, "--n", 2, "-o", out, "--no-progress")
@@ -361,13 +361,13 @@ def test_preset_poise_is_the_paper_protocol(tmp_path, tiny_random_model_dir, mon
 
     calls = []
 
-    def fake_sampler(model, tokenizer, prompts, num_samples, on_batch, prompt_indices, **kwargs):
+    def fake_sampler(engine, prompts, num_samples, on_batch, prompt_indices, **kwargs):
         calls.append(kwargs)
         batch = [Sample(prompt_indices[0], "\\boxed{7}", 3, False) for _ in range(num_samples)]
         on_batch(batch)
         return batch
 
-    monkeypatch.setattr(bench, "sample_transformers", fake_sampler)
+    monkeypatch.setattr(TransformersEngine, "sample", fake_sampler)
     out = tmp_path / "out"
     files = [a for name in fixed.benchmarks for a in ("--data-file", f"{name}={toy_file}")]
     result, output = cli("--preset", "poise", "--model", tiny_random_model_dir, *files, "-o", out, "--no-progress")
@@ -384,12 +384,12 @@ def test_preset_poise_is_the_paper_protocol(tmp_path, tiny_random_model_dir, mon
 
 
 def _finished_summary(tmp_path, tiny_random_model_dir, toy_file, monkeypatch) -> dict:
-    def fake_sampler(model, tokenizer, prompts, num_samples, on_batch, prompt_indices, **kwargs):
+    def fake_sampler(engine, prompts, num_samples, on_batch, prompt_indices, **kwargs):
         batch = [Sample(prompt_indices[0], f"\\boxed{{{7 if j == 0 else 0}}}", 3, False) for j in range(num_samples)]
         on_batch(batch)
         return batch
 
-    monkeypatch.setattr(bench, "sample_transformers", fake_sampler)
+    monkeypatch.setattr(TransformersEngine, "sample", fake_sampler)
     return run(tmp_path / "out", tiny_random_model_dir, toy_file, num_samples=2, batch_size=2)
 
 

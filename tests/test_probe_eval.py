@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from poise_trl import metrics
 from poise_trl import probe_eval as pe
 from poise_trl.cli.probe_eval import probe_eval as probe_eval_command
+from poise_trl.generation import TransformersEngine
 
 QUESTIONS = [f"What is {a} plus {b}?" for a, b in ((3, 4), (12, 30), (5, 9), (7, 7), (21, 8), (6, 1), (40, 2), (9, 9))]
 
@@ -34,13 +35,13 @@ def sampler_calls(monkeypatch) -> list[dict]:
     """Count calls of the transformers sampler and grade by a hash of the text (the untrained model is
     never right), so rewards vary and every metric is defined."""
     calls: list[dict] = []
-    real = pe.sample_transformers
+    real = TransformersEngine.sample
 
-    def counting(*args, **kwargs):
+    def counting(engine, *args, **kwargs):
         calls.append(kwargs)
-        return real(*args, **kwargs)
+        return real(engine, *args, **kwargs)
 
-    monkeypatch.setattr(pe, "sample_transformers", counting)
+    monkeypatch.setattr(TransformersEngine, "sample", counting)
     monkeypatch.setattr(pe, "is_correct", lambda text, gold: zlib.crc32(text.encode()) % 2 == 0)
     return calls
 

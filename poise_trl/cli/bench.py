@@ -20,7 +20,7 @@ def _fail(message: str) -> None:
 def bench(
     names: list[str] = typer.Argument(
         None, metavar="BENCH", help="Benchmarks: aime24 aime25 aime26 amc23 amc24 hmmt25 brumo25 math-500 toy-arith, "
-        "a registered dataset, a local file or folder (json/jsonl/parquet/csv/save_to_disk, any schema the loader "
+        "a task (humaneval, bfcl, ifeval, reasoning-gym:NAME; scored by its own verifier), a registered dataset, a local file or folder (json/jsonl/parquet/csv/save_to_disk, any schema the loader "
         "reads), a hub id, or any name given with --data-file (with --compare: two result folders). All registered "
         "benchmarks but toy-arith download from the Hugging Face Hub: offline, give --data-file NAME=FILE."
     ),
@@ -55,6 +55,9 @@ def bench(
     split: str = typer.Option(None, "--split", help="Split to evaluate (default: the benchmark's held-out split)."),
     limit: int = typer.Option(None, "--limit", help="Evaluate a seeded random subset of this many problems."),
     config: str = typer.Option(None, "--config", help="Hub dataset config (subset), for a hub id."),
+    task_config: list[str] = typer.Option(
+        None, "--task-config", help="KEY=VALUE of a task's own config (YAML value, repeatable), e.g. "
+        "--task-config min_digits=2 for reasoning-gym:basic_arithmetic."),
     seed: int = typer.Option(0, help="Sampling seed (also the --limit subset's)."),
     batch_size: int = typer.Option(32, "--batch-size", help="Samples of a problem generated (and saved) together."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Discard earlier samples made with other settings."),
@@ -68,7 +71,8 @@ def bench(
                                  "build; else transformers), vllm or transformers."
     ),
 ):
-    """Sample, grade and score math benchmarks (Avg@n, pass@k, maj@n); resumes an interrupted run. Writes
+    """Sample, grade and score benchmarks (Avg@n, pass@k, maj@n; tasks per task and per problem); resumes an
+    interrupted run. Writes
     summary.json and EvalScope reports (OUTPUT_DIR/reports/MODEL/BENCH.json)."""
     from poise_trl import bench as lib
     from poise_trl.cli.errors import user_errors
@@ -93,7 +97,8 @@ def bench(
             max_new_tokens=max_new_tokens, output_dir=output_dir, seed=seed,
             data_files=_data_files(data_file or [], names, preset), batch_size=batch_size, overwrite=overwrite,
             show_progress=not no_progress, preset=preset, name=name, engine=engine,
-            request=lib.DataRequest(split=split, limit=limit, columns=columns or None, config=config),
+            request=lib.DataRequest(split=split, limit=limit, columns=columns or None, config=config,
+                                    task_config=parse_key_values(task_config or [], "--task-config")),
         )
         if push_to_hub:
             from poise_trl.hub import push_bench_results
@@ -108,6 +113,21 @@ def bench(
     _print_summary(summary, output_dir)
     if push_to_hub:
         console.print(f"model-index added to https://huggingface.co/{push_to_hub}", highlight=False)
+
+
+def parse_key_values(items: list[str], option: str) -> dict | None:
+    """KEY=VALUE items -> {KEY: VALUE read as YAML}, or None without items."""
+    import yaml
+
+    from poise_trl.bench import BenchError
+
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BenchError(f"{option} {item!r}: give KEY=VALUE")
+        pairs[key] = yaml.safe_load(value)
+    return pairs or None
 
 
 def _data_files(items: list[str], names: list[str], preset: str | None) -> dict[str, str] | None:
@@ -140,15 +160,33 @@ def _print_summary(summary: dict, output_dir: Path) -> None:
     scores = [m["scores"] for _, m in columns]
     table.add_row(f"Avg@{n}", *(f"{s['avg']['value']:.3f}" for s in scores))
     table.add_row("  ± se", *(f"{s['avg']['stderr']:.3f}" for s in scores))
-    table.add_row(f"maj@{n}", *(f"{s['maj']['value']:.3f}" for s in scores))
+    if all("maj" in s for s in scores):
+        table.add_row(f"maj@{n}", *(f"{s['maj']['value']:.3f}" for s in scores))
     for key in (k for k in scores[0] if k.startswith("pass@")):
         table.add_row(key, *(f"{s[key]['value']:.3f}" for s in scores))
     table.add_row("tokens", *(f"{m['mean_tokens']:.0f}" for _, m in columns))
     table.add_row("truncated", *(f"{m['truncated_fraction']:.1%}" for _, m in columns))
     console.print(table)
+    for name, entry in summary["benchmarks"].items():
+        if len(entry["metrics"].get("by_task", {})) > 1:
+            _print_by_task(name, entry["metrics"]["by_task"])
     engine = summary.get("engine") or "none (every sample was already on disk)"
     console.print(f"model: {summary['model']}\ngenerated with: {engine}\nsummary: {output_dir / 'summary.json'}",
                   highlight=False)
+
+
+def _print_by_task(name: str, by_task: dict) -> None:
+    """A mix's scores per task: one row per task."""
+    n = next(iter(by_task.values()))["num_samples"]
+    passes = [k for k in next(iter(by_task.values()))["scores"] if k.startswith("pass@")]
+    table = Table(title=f"{name} by task")
+    for column in ("task", "problems", f"Avg@{n}", "± se", *passes):
+        table.add_column(column, justify="left" if column == "task" else "right")
+    for task, m in by_task.items():
+        s = m["scores"]
+        table.add_row(task, str(m["num_problems"]), f"{s['avg']['value']:.3f}", f"{s['avg']['stderr']:.3f}",
+                      *(f"{s[k]['value']:.3f}" for k in passes))
+    console.print(table)
 
 
 def _print_comparison(rows: list[dict], notes: list[str], folder_a: str, folder_b: str) -> None:

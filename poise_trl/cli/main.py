@@ -104,7 +104,9 @@ def train(
         return
     if summary.get("already_finished"):
         return
-    table = Table(title=f"poise train: {summary['algo']} on {summary['dataset']}")
+    from poise_trl.tasks import dataset_label
+
+    table = Table(title=f"poise train: {summary['algo']} on {dataset_label(summary['dataset'])}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
@@ -169,12 +171,14 @@ def toy_build_critic(
 def _register_commands() -> None:
     from poise_trl.cli.bench import bench
     from poise_trl.cli.compare import compare
+    from poise_trl.cli.grade import grade
     from poise_trl.cli.plan import plan
     from poise_trl.cli.probe_eval import probe_eval
 
     app.command("bench")(bench)
     app.command("probe-eval")(probe_eval)
     app.command("compare")(compare)
+    app.command("grade")(grade)
     app.command("plan")(plan)
 
 

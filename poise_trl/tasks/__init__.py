@@ -16,6 +16,10 @@ question the train split holds; fixed sets (HumanEval, BFCL) partition by a stab
 The registration line of a family is its entry in `FAMILIES` (the module is imported on first use, so a
 family's heavy dependencies load only when a run names it).
 
+A dataset may also be a task mix, a list of entries (`mix_rows`): each a task name or a mapping
+`{name, weight, size, seed, config}`; the rows of every entry's task, concatenated and shuffled, each
+keeping its `task` column so that the `task` reward routes it.
+
 Non-math families share one answer rule (`extract_tagged_answer`): the answer is the text inside the last
 `<answer>...</answer>` after the last `</think>`; a completion that opened `<think>` and never closed it
 has no answer.
@@ -26,6 +30,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
+import math
+import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,9 +100,10 @@ def extract_tagged_answer(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def is_task(source: str) -> bool:
-    """Whether a dataset name names a task family (`reasoning-gym:leg_counting`), not a file or a math set."""
-    return split_task_name(source)[0] in FAMILIES
+def is_task(source) -> bool:
+    """Whether a dataset names a task family (`reasoning-gym:leg_counting`) or a task mix (a list of entries,
+    see `mix_rows`), not a file or a math set."""
+    return isinstance(source, (list, tuple)) or split_task_name(source)[0] in FAMILIES
 
 
 def task_rows(name: str, split: str, size: int | None, seed: int, config: dict | None = None) -> list[dict]:
@@ -106,7 +113,7 @@ def task_rows(name: str, split: str, size: int | None, seed: int, config: dict |
     family, variant = get_family(name), split_task_name(name)[1]
     config = dict(config or {})
     unknown = sorted(set(config) - family.config_keys)
-    if unknown:  # a family with variants may check its variant's own keys more narrowly in build_rows
+    if unknown and (family.variants is None or variant is None):  # a variant's build_rows names its own keys
         close = difflib.get_close_matches(unknown[0], family.config_keys, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         allowed = ", ".join(sorted(family.config_keys)) if len(family.config_keys) <= 20 else "see its module"
@@ -114,6 +121,120 @@ def task_rows(name: str, split: str, size: int | None, seed: int, config: dict |
     rows = family.build_rows(variant, config, split, size, seed)
     return [{"prompt": row["prompt"], "answer": str(row["answer"]), "task": name,
              "verifier": json.dumps(row["verifier"], sort_keys=True), "id": str(row["id"])} for row in rows]
+
+
+MIX_KEYS = ("name", "weight", "size", "seed", "config")
+
+
+@dataclass(frozen=True)
+class MixEntry:
+    """One task of a mix; size and seed None: the mix's share and seed."""
+
+    name: str
+    weight: float = 1.0
+    size: int | None = None
+    seed: int | None = None
+    config: dict | None = None
+
+
+def _is_count(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def mix_entry(entry) -> MixEntry:
+    """A mix entry checked: a task name, or a mapping with keys among MIX_KEYS; one line on a bad one."""
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    if not isinstance(entry, dict):
+        raise TaskError(f"dataset mix entry {entry!r} ({type(entry).__name__}) is neither a task name nor a mapping: "
+                        f"give a task name or a mapping with keys {', '.join(MIX_KEYS)}")
+    label = entry.get("name", entry)
+    unknown = sorted(set(entry) - set(MIX_KEYS), key=str)
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), MIX_KEYS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise TaskError(f"dataset mix entry {label!r}: unknown key {unknown[0]!r}{hint} (allowed: {', '.join(MIX_KEYS)})")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise TaskError(f"dataset mix entry {entry!r} has no task name: give name: <task>, e.g. "
+                        "name: reasoning-gym:leg_counting")
+    get_family(name)  # an unknown task: one line with the closest names
+    weight = entry.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (math.isfinite(weight) and weight > 0):
+        raise TaskError(f"dataset mix entry {name!r}: weight {weight!r} is not a positive number; give weight > 0")
+    for key, low in (("size", 1), ("seed", 0)):
+        if entry.get(key) is not None and not _is_count(entry[key], low):
+            raise TaskError(f"dataset mix entry {name!r}: {key} {entry[key]!r} is not an integer >= {low}")
+    if entry.get("config") is not None and not isinstance(entry["config"], dict):
+        raise TaskError(f"dataset mix entry {name!r}: config {entry['config']!r} is not a mapping of the task's keys")
+    return MixEntry(name, float(weight), entry.get("size"), entry.get("seed"), entry.get("config"))
+
+
+def dataset_label(dataset) -> str:
+    """How tables and cards name a run's data: the name, or a mix as `a + 2x b` (weights other than 1 shown)."""
+    if not isinstance(dataset, list):
+        return str(dataset)
+    entries = [mix_entry(entry) for entry in dataset]
+    return " + ".join(f"{e.weight:g}x {e.name}" if e.weight != 1 else e.name for e in entries)
+
+
+def weighted_shares(total: int, weights: Sequence[float]) -> list[int]:
+    """`total` rows split in proportion to `weights`, summing to `total` exactly (largest remainders first)."""
+    exact = [total * weight / sum(weights) for weight in weights]
+    shares = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: shares[i] - exact[i])
+    for i in by_remainder[: total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def mix_sizes(entries: Sequence[MixEntry], split: str, total_size: int | None) -> list[int | None]:
+    """Rows of each entry: on the train split an entry's own size; the entries without one share what
+    `total_size` leaves in proportion to their weights. Without a total size each of those gives its
+    family's default number of rows (None), so weights that differ there are refused as meaningless.
+    An entry's `size` counts training rows: the test split is shared out of `total_size` alone."""
+    own = [entry.size if split == "train" else None for entry in entries]
+    rest = [i for i, size in enumerate(own) if size is None]
+    if not rest:
+        return own
+    if total_size is None:
+        if split == "train" and len({entries[i].weight for i in rest}) > 1:
+            raise TaskError("dataset mix: weights share a total number of rows; set the recipe's dataset_size (or "
+                            "give each entry its own size)")
+        return own
+    left = total_size - sum(size for size in own if size is not None)
+    shares = weighted_shares(max(left, 0), [entries[i].weight for i in rest])
+    if min(shares) < 1:
+        starved = entries[rest[shares.index(min(shares))]].name
+        raise TaskError(f"dataset mix: a total of {total_size} rows leaves none for {starved!r} (entries' own sizes: "
+                        f"{total_size - left}); raise the total size or lower the other entries' sizes")
+    for i, share in zip(rest, shares, strict=True):
+        own[i] = share
+    return own
+
+
+def mix_rows(entries: Sequence, split: str, total_size: int | None, seed: int) -> list[dict]:
+    """The rows of a task mix for `split`: each entry's `task_rows` (its size from `mix_sizes`, its own seed
+    or `seed`, its config), concatenated and shuffled by `seed`. On the test split every entry gives its
+    task's held-out rows (drawn by the family from another seed than its train rows)."""
+    if not entries:
+        raise TaskError("dataset: the task mix is empty; list task names or {name: <task>, weight: <w>} entries")
+    mix = [mix_entry(entry) for entry in entries]  # every entry checked before any row is generated
+    sizes = mix_sizes(mix, split, total_size)
+    rows = [row for entry, size in zip(mix, sizes, strict=True)
+            for row in task_rows(entry.name, split, size, seed if entry.seed is None else entry.seed, entry.config)]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def by_task_means(tasks: Sequence[str], values: Sequence[float | None]) -> dict[str, float]:
+    """Mean of `values` per task, by task name in sorted order. None and NaN (TRL's "not my row") are left
+    out, and so is a task with no value left."""
+    groups: dict[str, list[float]] = {}
+    for task, value in zip(tasks, values, strict=True):
+        if value is not None and not math.isnan(value):
+            groups.setdefault(task, []).append(float(value))
+    return {task: sum(group) / len(group) for task, group in sorted(groups.items())}
 
 
 def score_rows(texts: Sequence[str], tasks: Sequence[str], verifiers: Sequence[str]) -> list[float]:

@@ -26,7 +26,9 @@ TRL's trainer runs two stages:
   rollouts: they only estimate V* and carry no policy-gradient signal.
 - `policy_forward_passes`: forward passes of the policy in stage 2's `compute_loss` (training
   only; the reference model's passes are not counted). `pending_logs`, merged into the next
-  training log entry, and a no-op `create_model_card`, as in `CountingGRPOTrainer`.
+  training log entry, a no-op `create_model_card`, and per-task mean rewards
+  (`rewards/task/<task>/mean`, over this process's rows like TRL's A2PO `reward`), as in
+  `CountingGRPOTrainer`.
 - Budget: with a budget on `HeldOutEvalCallback`, stage 1 is checked when the trainer is
   built (before `poise train` writes anything) where the answer is certain (rollouts; at least
   one token per completion) and warned about where it may not fit (the max_completion_length
@@ -60,7 +62,7 @@ with suppress_experimental_warning():  # TRL's own imports of trl.experimental d
 from poise_trl.distributed import summed_over_processes
 from poise_trl.provenance import write_json
 from poise_trl.recipe import RecipeError
-from poise_trl.trainers.base import TrainerContract, register_algorithm
+from poise_trl.trainers.base import TrainerContract, record_task_rewards, register_algorithm
 
 A2PO_STATE_FILE = "a2po_state.json"
 ZERO_TARGET_TOLERANCE = 1e-6
@@ -218,6 +220,9 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
             self.generated_rollouts += rollouts
             self.zero_signal_rollouts += zero_signal
             self._metrics["train"]["zero_signal_fraction"].append(zero_signal / rollouts)
+        if "task" in inputs[0]:  # this process's rows, as TRL's A2PO logs its `reward`
+            mode = "train" if self.model.training else "eval"
+            record_task_rewards(self._metrics[mode], [row["task"] for row in inputs], output["rewards"].tolist())
         return output
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

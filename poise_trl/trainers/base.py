@@ -6,10 +6,12 @@ and a trainer class, registered by name beside its code with `register_algorithm
 Every trainer keeps `TrainerContract` (counters, checkpoint side state; see its docstring).
 
 `CountingGRPOTrainer` counts what generation produced for training (the budget units of
-`poise compare`). TRL computes group-mean advantages inside `_generate_and_score_completions` and hands on
-a dict without rewards (see ../shared/docs/trl-notes.md). `AdvantageTrainer` keeps the
-gathered rewards from `_calculate_rewards` and lets a subclass replace the advantages
-with an estimator from `poise_trl.estimators`, before TRL's shuffle splits groups apart.
+`poise compare`) and, when the rows carry a `task` column (a task dataset or mix), logs each task's mean
+reward (TRL's weighted `reward`) under `rewards/task/<task>/mean`. TRL computes group-mean advantages
+inside `_generate_and_score_completions` and hands on a dict without rewards (see
+../shared/docs/trl-notes.md). `AdvantageTrainer` keeps the gathered rewards from `_calculate_rewards` and
+lets a subclass replace the advantages with an estimator from `poise_trl.estimators`, before TRL's
+shuffle splits groups apart.
 """
 
 from __future__ import annotations
@@ -20,10 +22,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from poise_trl.distributed import summed_over_processes
 from poise_trl.run_folder import checkpoint_folder
+from poise_trl.tasks import by_task_means
+
+TASK_REWARD_PREFIX = "rewards/task/"
+
+
+def task_reward_key(task: str) -> str:
+    return f"{TASK_REWARD_PREFIX}{task}/mean"
+
+
+def record_task_rewards(metrics: dict[str, list], tasks: list[str], rewards: list[float]) -> None:
+    """Each task's mean reward over one batch, into a trainer's `_metrics[mode]`; the trainer's `log` averages
+    them over the logging window like its other metrics. A task with no row in the batch adds nothing."""
+    for task, mean in by_task_means(tasks, rewards).items():
+        metrics[task_reward_key(task)].append(mean)
 
 
 @dataclass(frozen=True)
@@ -111,7 +128,18 @@ class CountingGRPOTrainer(TrainerContract, GRPOTrainer):
                 self.accelerator, [sum(len(ids) for ids in completion_ids_list), len(completion_ids_list)])
             self.generated_tokens += int(tokens)
             self.generated_rollouts += int(rollouts)
-        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if "task" in inputs[0]:
+            self._log_task_rewards(gather_object([row["task"] for row in inputs]), rewards_per_func)
+        return rewards_per_func
+
+    def _log_task_rewards(self, tasks: list[str], rewards_per_func: torch.Tensor) -> None:
+        # The reward TRL logs as `reward`: weighted sum over functions, NaN where every function said None.
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        mode = "train" if self.model.training else "eval"
+        record_task_rewards(self._metrics[mode], tasks, rewards.tolist())
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:

@@ -1,0 +1,58 @@
+"""`poise grade`: a thin Typer command over poise_trl.grade (registered by cli/main.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def grade(
+    dataset: str = typer.Argument(..., help="What the completions answer: a benchmark, a task (humaneval, bfcl, "
+                                  "ifeval, reasoning-gym:NAME), a local file or folder, or a hub id, as in `poise bench`."),
+    completions: Path = typer.Option(..., "--completions", "-c", help="JSONL with a `completion` field per line: one "
+                                     "per dataset row in order, or with an `index` field naming the row."),
+    output: Path = typer.Option(None, "--output", "-o", help="Per-completion rewards (JSONL; default: "
+                                "COMPLETIONS.graded.jsonl); the summary goes beside it (.summary.json)."),
+    data_file: str = typer.Option(None, "--data-file", help="A local copy of the benchmark."),
+    question_column: str = typer.Option(None, "--question-column", help="Column of the problems, when not detected."),
+    answer_column: str = typer.Option(None, "--answer-column", help="Column of the gold answers, when not detected."),
+    split: str = typer.Option(None, "--split", help="Split (default: the benchmark's held-out split, as bench)."),
+    limit: int = typer.Option(None, "--limit", help="The seeded subset of this many problems that bench used."),
+    config: str = typer.Option(None, "--config", help="Hub dataset config (subset), for a hub id."),
+    task_config: list[str] = typer.Option(None, "--task-config", help="KEY=VALUE of a task's own config (repeatable)."),
+    seed: int = typer.Option(0, help="The seed of the --limit subset and of generated task rows."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output."),
+):
+    """Score existing completions with each row's verifier: mean reward per task, rewards per completion."""
+    from poise_trl import bench as lib
+    from poise_trl.cli.bench import parse_key_values
+    from poise_trl.cli.errors import fail, user_errors
+    from poise_trl.grade import run_grade
+
+    try:
+        columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
+        request = lib.DataRequest(split=split, limit=limit, columns=columns or None, config=config,
+                                  task_config=parse_key_values(task_config or [], "--task-config"))
+        rows = lib.load_benchmark(dataset, data_file, request, seed)
+        output = output or completions.with_name(completions.name + ".graded.jsonl")
+        source = {"name": dataset, "data_file": data_file, "split": split, "limit": limit, "seed": seed,
+                  "task_config": request.task_config, "data_fingerprint": lib.data_fingerprint(rows)}
+        summary = run_grade(rows, completions, output, source, overwrite=overwrite)
+    except user_errors() as exc:
+        fail(str(exc))
+        return
+    table = Table(title=f"poise grade: {dataset}")
+    for column in ("task", "completions", "mean reward", "correct"):
+        table.add_column(column, justify="left" if column == "task" else "right")
+    groups = summary["by_task"]
+    for name, stats in groups.items():
+        table.add_row(name, str(stats["completions"]), f"{stats['mean_reward']:.3f}", f"{stats['correct']:.3f}")
+    if len(groups) > 1:
+        table.add_row("all", str(summary["completions"]), f"{summary['mean_reward']:.3f}", f"{summary['correct']:.3f}")
+    console.print(table)
+    console.print(f"rewards: {output}", highlight=False)

@@ -1,0 +1,55 @@
+"""The figures of `poise probe-eval`: predicted vs empirical value per prompt, and the layer sweep."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+
+def plot_predictions(path: Path, empirical: torch.Tensor, predictions: dict[str, torch.Tensor],
+                     metrics: dict[str, dict], n: int) -> Path:
+    """Predicted vs empirical Avg@n per held-out prompt, one panel per estimator."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(predictions), figsize=(4.2 * len(predictions), 4.2), squeeze=False)
+    for ax, (name, pred) in zip(axes[0], predictions.items(), strict=True):
+        ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
+        ax.scatter(empirical.numpy(), pred.numpy(), s=14, alpha=0.7)
+        m = metrics[name]
+        ax.set_title(f"{name}\nPearson {m['pearson']:.3f}, MAE {m['mae']:.3f}", fontsize=10)
+        ax.set_xlabel(f"empirical Avg@{n}")
+        ax.set_xlim(-0.03, 1.03)
+        ax.set_ylim(-0.03, 1.03)
+    axes[0][0].set_ylabel("predicted value (mean over the prompt's rollouts)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_layer_sweep(path: Path, sweep: list[dict], references: dict[str, dict]) -> Path:
+    """Held-out Pearson and MAE of the probe against block depth, with the baselines as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    depths = [s["depth"] for s in sweep]
+    for ax, metric in zip(axes, ("pearson", "mae"), strict=True):
+        ax.plot(depths, [s["metrics"][metric] for s in sweep], marker="o", label="probe")
+        for (name, m), color in zip(references.items(), ("tab:red", "tab:grey"), strict=False):
+            if math.isfinite(m[metric]):
+                ax.axhline(m[metric], color=color, ls="--", lw=1, label=name)
+        ax.set_xlabel("depth of the hooked block (block + 1) / L")
+        ax.set_ylabel(f"held-out {metric}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,7 +1,8 @@
 """How well can the toy critics learn? An offline sweep on rollouts of the fixed tiny policy.
 
 Generates `--batches` rounds of `--prompts` x `--generations` rollouts from data/tiny-qwen3
-(temperature 1, as the toy recipes), once, then replays them to critics built as
+(temperature 1, as the toy recipes; the actor, tokenizer and train rows as `build_run` gives
+them to an asyppo run), once, then replays them to critics built as
 AsyPPOTrainer builds them (`CriticEnsemble`, Monte-Carlo targets, group-level data division),
 one round at a time, for each setting of the sweep. Per round it records the explained
 variance of (a) the values before the round's fit (out of sample), (b) after the fit (seed
@@ -18,16 +19,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import tempfile
 import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from poise_trl import estimators
-from poise_trl.build import load_datasets, parse_recipe
+from poise_trl.build import build_run
 from poise_trl.critics import CriticEnsemble
-from poise_trl.loading import load_tokenizer, resolve_model_path
+from poise_trl.loading import resolve_model_path
 from poise_trl.provenance import package_versions, write_json
 from poise_trl.rewards import math_accuracy_reward
 
@@ -41,9 +42,10 @@ def rollouts(actor, tokenizer, rows: list[dict], generations: int, max_new_token
                for r in rows for _ in range(generations)]
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     torch.manual_seed(seed)
-    out = actor.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
-                         pad_token_id=tokenizer.pad_token_id)
-    completion = out[:, enc["input_ids"].size(1):]
+    out = actor.generate(**enc.to(actor.device), do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                         max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+    completion = out[:, enc["input_ids"].size(1):].cpu()
+    enc = enc.to("cpu")
     is_eos = completion == tokenizer.eos_token_id
     # mask up to and including the first EOS, as TRL's completion_mask
     first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full_like(is_eos[:, 0], completion.size(1),
@@ -98,11 +100,10 @@ def main() -> None:
     cli = parser.parse_args()
 
     os.chdir(REPO)
-    settings = parse_recipe({"algo": "asyppo", "model": "data/tiny-qwen3", "dataset": "toy-arith"}).settings
-    train_set, _ = load_datasets(settings, seed=0)
-    actor_path = resolve_model_path(settings.model)
-    tokenizer = load_tokenizer(actor_path)
-    actor = AutoModelForCausalLM.from_pretrained(actor_path, dtype=torch.float32).eval()
+    recipe = {"algo": "asyppo", "model": "data/tiny-qwen3", "dataset": "toy-arith", "seed": 0}
+    with tempfile.TemporaryDirectory() as nothing_written:  # the run never trains
+        built = build_run(recipe, nothing_written)
+    train_set, tokenizer, actor = built.train_set, built.tokenizer, built.trainer.model.float().eval()
     started = time.perf_counter()
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(0)).tolist()
     batches = [rollouts(actor, tokenizer, [train_set[i] for i in order[b * cli.prompts:(b + 1) * cli.prompts]],

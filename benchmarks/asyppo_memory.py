@@ -3,12 +3,13 @@
 Seed 001 ("计算效率") reports that AsyPPO's asymmetric critics cut the step time and peak
 GPU memory of symmetric PPO. This measures the same on one machine: each recipe runs
 `--steps` optimizer steps in a FRESH subprocess (so one run's allocations never count
-toward another's), with no evaluation and no checkpoints, and reports
+toward another's), built by `build_run` as `poise train` builds it, with no checkpoints and the
+held-out evaluation it adds at the start and end cut to one prompt and one token, and reports
 
 - peak memory: on a GPU `torch.cuda.max_memory_allocated`; on a CPU the growth of the
   process's peak resident set (`resource.getrusage(...).ru_maxrss`) from just before the
-  models are built to the end of training (`peak_rss_delta_mb`; the imports' own footprint
-  is excluded), and the absolute peak;
+  run is built (data, models) to the end of training (`peak_rss_delta_mb`; the imports' own
+  footprint is excluded), and the absolute peak;
 - the median and mean step wall time, the first step excluded (one-off allocations), and
   the part of it spent in the critics (scoring every row, then the fit), which is where the
   two settings differ;
@@ -52,10 +53,8 @@ def worker(recipe_path: str, steps: int, overrides: list[str], threads: int) -> 
     torch.set_num_threads(threads)
     from transformers import TrainerCallback
 
-    from poise_trl.build import load_datasets, parse_recipe
-    from poise_trl.loading import load_tokenizer, resolve_model_path
+    from poise_trl.build import build_run
     from poise_trl.recipe import load_recipe
-    from poise_trl.rewards import get_reward_functions
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -68,23 +67,17 @@ def worker(recipe_path: str, steps: int, overrides: list[str], threads: int) -> 
             self.times.append(time.perf_counter() - self._start)
 
     recipe = load_recipe(REPO / recipe_path, overrides)
-    for key in ("eval_every", "eval_num_samples", "eval_max_new_tokens", "eval_temperature", "eval_batch_size"):
-        recipe.pop(key, None)
-    recipe.update(max_steps=steps, logging_steps=steps, save_strategy="no")
-    out = tempfile.mkdtemp(prefix="asyppo_memory_")
-    parsed = parse_recipe(recipe, out)
-    algo, settings, args = parsed.algorithm, parsed.settings, parsed.args
-    model = resolve_model_path(settings.model)
-    train_set, _ = load_datasets(settings, seed=args.seed)
-    tokenizer = load_tokenizer(model)
+    recipe.update(max_steps=steps, logging_steps=steps, save_strategy="no", eval_every=0, eval_limit=1,
+                  eval_num_samples=1, eval_max_new_tokens=1, eval_batch_size=1)
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     before_models = peak_rss_mb()
-    timer = StepTimer()
-    trainer = algo.trainer_class(model=model, reward_funcs=get_reward_functions(settings.rewards), args=args,
-                                 train_dataset=train_set, processing_class=tokenizer, callbacks=[timer])
+    built = build_run(recipe, tempfile.mkdtemp(prefix="asyppo_memory_"))
+    trainer, args = built.trainer, built.parsed.args
     after_models = peak_rss_mb()
+    timer = StepTimer()
+    trainer.add_callback(timer)
     critics = getattr(trainer, "critics", None)
     critic_seconds = []
     if critics is not None:

@@ -3,7 +3,9 @@
 Trains recipes/toy/dapo.yaml (bundled tiny model) for --steps steps and records, per step,
 the generation rounds and the groups generated, informative (rewards not all equal),
 dropped and trained; then the same steps with dynamic sampling off (--no-compare skips it),
-so the wall-clock cost of the extra rounds is measured, not only counted. Writes
+so the wall-clock cost of the extra rounds is measured, not only counted. `train_seconds` is the
+time inside optimizer steps (generation included, the held-out evaluation `build_run` adds at the
+start and end, cut here to one prompt and one token, left out). Writes
 benchmarks/results/dapo_dynamic_sampling.json and prints a summary.
 
     OMP_NUM_THREADS=1 python benchmarks/dapo_dynamic_sampling.py --steps 20
@@ -27,14 +29,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from poise_trl.build import load_datasets, parse_recipe  # noqa: E402
-from poise_trl.loading import load_tokenizer, resolve_model_path  # noqa: E402
+from poise_trl.build import build_run  # noqa: E402
+from poise_trl.loading import resolve_model_path  # noqa: E402
 from poise_trl.provenance import package_versions, write_json  # noqa: E402
 from poise_trl.recipe import load_recipe  # noqa: E402
-from poise_trl.rewards import get_reward_functions  # noqa: E402
 from poise_trl.trainers.dapo import DAPOTrainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# build_run evaluates held-out accuracy at the start and the end of every run: one prompt, one token.
+MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1, "eval_batch_size": 1}
+
+
+def repo_relative(path: str | Path) -> str:
+    """The path as the artefact records it: relative to the repository when inside it, so a committed
+    artefact names no folder of the machine it ran on."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
 
 
 class TimedDAPOTrainer(DAPOTrainer):
@@ -51,17 +61,12 @@ class TimedDAPOTrainer(DAPOTrainer):
 
 
 def run(recipe: dict, steps: int, output_dir: Path, dynamic: bool) -> dict:
-    recipe = {**recipe, "max_steps": steps, "save_strategy": "no", "logging_steps": steps, "dynamic_sampling": dynamic}
-    parsed = parse_recipe(recipe, str(output_dir))
-    settings, args = parsed.settings, parsed.args
-    model = resolve_model_path(settings.model)
-    train_set, _ = load_datasets(settings, seed=args.seed)
-    trainer = TimedDAPOTrainer(model=model, reward_funcs=get_reward_functions(settings.rewards), args=args,
-                               train_dataset=train_set, processing_class=load_tokenizer(model))
-    started = time.perf_counter()
+    recipe = {**recipe, "max_steps": steps, "save_strategy": "no", "logging_steps": steps, "dynamic_sampling": dynamic,
+              **MINIMAL_EVAL}
+    built = build_run(recipe, str(output_dir), overwrite=True, trainer_class=TimedDAPOTrainer)
+    trainer, args = built.trainer, built.parsed.args
     trainer.train()
-    seconds = time.perf_counter() - started
-    result = {"dynamic_sampling": dynamic, "steps": steps, "train_seconds": round(seconds, 2),
+    result = {"dynamic_sampling": dynamic, "steps": steps, "train_seconds": round(built.eval_callback.train_seconds, 2),
               "generation_seconds": round(trainer.generation_seconds, 2)}
     history = trainer.dynamic_sampling_history
     if history:
@@ -89,7 +94,7 @@ def main() -> None:
     parser.add_argument("--recipe", default=str(REPO / "recipes" / "toy" / "dapo.yaml"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-compare", action="store_true", help="Skip the run without dynamic sampling.")
-    parser.add_argument("--output", default=str(REPO / "benchmarks" / "results" / "dapo_dynamic_sampling.json"))
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "dapo_dynamic_sampling.json")
     parser.add_argument("--work-dir", default=str(REPO / "runs" / "bench_dapo_dynamic_sampling"))
     cli = parser.parse_args()
 
@@ -97,15 +102,14 @@ def main() -> None:
     if not Path(resolve_model_path(recipe["model"])).exists():
         raise SystemExit(f"model {recipe['model']} not found: build the bundled model first (poise toy build)")
     dynamic = run(recipe, cli.steps, Path(cli.work_dir) / "dynamic", dynamic=True)
-    report = {"recipe": cli.recipe, "model": recipe["model"], "torch_threads": torch.get_num_threads(),
+    report = {"recipe": repo_relative(cli.recipe), "model": recipe["model"], "torch_threads": torch.get_num_threads(),
               "load_average": os.getloadavg(), "dynamic": dynamic, "versions": package_versions()}
     if not cli.no_compare:
         plain = run(recipe, cli.steps, Path(cli.work_dir) / "plain", dynamic=False)
         report["no_dynamic"] = plain
         report["generation_time_ratio"] = round(dynamic["generation_seconds"] / plain["generation_seconds"], 3)
         report["train_time_ratio"] = round(dynamic["train_seconds"] / plain["train_seconds"], 3)
-    Path(cli.output).parent.mkdir(parents=True, exist_ok=True)
-    write_json(Path(cli.output), report)
+    write_json(cli.output, report)
 
     print(f"DAPO dynamic sampling, {cli.steps} steps of {cli.recipe}:")
     print(f"  rollouts generated / trained: {dynamic['generated_rollouts']} / {dynamic['trained_rollouts']} "

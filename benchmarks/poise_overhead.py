@@ -18,11 +18,13 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from poise_trl.build import load_datasets, parse_recipe
-from poise_trl.loading import load_tokenizer, resolve_model_path
+from poise_trl.build import build_run
+from poise_trl.loading import resolve_model_path
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.rewards import get_reward_functions
-from poise_trl.trainers import get_algorithm
+
+# build_run evaluates held-out accuracy at the start and the end of every run, outside the timed
+# steps: one prompt, one token.
+MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1, "eval_batch_size": 1}
 
 
 class StepTimer(TrainerCallback):
@@ -41,18 +43,15 @@ def run(algo: str, model: str, steps: int, num_iterations: int, out: Path) -> di
         "algo": algo, "model": model, "dataset": "toy-arith", "dataset_size": 2048, "seed": 0,
         "num_generations": 2, "per_device_train_batch_size": 64, "max_completion_length": 96,
         "learning_rate": 1e-4, "max_steps": steps, "num_iterations": num_iterations, "logging_steps": steps,
-        "save_strategy": "no", "beta": 0.0, "scale_rewards": "none",
+        "save_strategy": "no", "beta": 0.0, "scale_rewards": "none", "rewards": ["math_accuracy"], **MINIMAL_EVAL,
     }
     if algo == "poise":
         recipe.update(probe_bootstrap_steps=2, probe_prompt_components=16, probe_response_components=32,
                       probe_buffer_rows=1024, probe_ridge_alpha=10.0)
-    parsed = parse_recipe(recipe, str(out / f"{algo}-it{num_iterations}"))
-    settings, args = parsed.settings, parsed.args
-    train_set, _ = load_datasets(settings, seed=0)
-    trainer_class = get_algorithm(algo).trainer_class  # grpo: TRL's trainer plus the pass counter
+    # grpo: TRL's trainer plus the pass counter
+    trainer = build_run(recipe, str(out / f"{algo}-it{num_iterations}"), overwrite=True).trainer
     timer = StepTimer()
-    trainer = trainer_class(model=model, reward_funcs=get_reward_functions(["math_accuracy"]), args=args,
-                            train_dataset=train_set, processing_class=load_tokenizer(model), callbacks=[timer])
+    trainer.add_callback(timer)
     trainer.train()
     measured = timer.times[1:]  # the first step pays one-off costs (allocations, caches)
     return {

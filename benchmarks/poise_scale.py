@@ -43,6 +43,9 @@ from poise_trl.probe import LinearValueProbe, ProbeEstimator
 from poise_trl.provenance import package_versions, write_json
 
 REFERENCE = (4096, 2560)  # poise-spec buffer rows, Qwen3-4B hidden size
+# build_run evaluates held-out accuracy at the start and the end of every run, outside the timed
+# steps but inside the peak-memory window: one prompt, one token.
+MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1, "eval_batch_size": 1}
 BATCH_ROWS = 512  # 256 prompts x 2 rollouts enter the buffer per step
 
 
@@ -196,10 +199,7 @@ def step_point(algo: str, model_dir: Path, hidden: int, batch: int, length: int,
                num_iterations: int = 1) -> dict:
     from transformers import TrainerCallback
 
-    from poise_trl.build import load_datasets, parse_recipe
-    from poise_trl.loading import load_tokenizer
-    from poise_trl.rewards import get_reward_functions
-    from poise_trl.trainers import get_algorithm
+    from poise_trl.build import build_run
 
     recipe = {
         "algo": algo, "model": str(model_dir), "dataset": "toy-arith", "dataset_size": 512, "seed": 0,
@@ -207,12 +207,10 @@ def step_point(algo: str, model_dir: Path, hidden: int, batch: int, length: int,
         "generation_kwargs": {"min_new_tokens": length}, "learning_rate": 1e-5, "max_steps": steps,
         "logging_steps": steps, "save_strategy": "no", "beta": 0.0, "scale_rewards": "none",
         "num_iterations": num_iterations, "loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28,
+        "rewards": ["math_accuracy"], **MINIMAL_EVAL,
     }
     if algo == "poise":
         recipe.update(probe_bootstrap_steps=1, probe_buffer_rows=4096)
-    parsed = parse_recipe(recipe, str(workdir / algo))
-    settings, args = parsed.settings, parsed.args
-    train_set, _ = load_datasets(settings, seed=0)
     # Wall seconds, and CPU seconds of this process: on a machine shared with other jobs the CPU
     # time of a one-thread run is the steadier measure of the work done.
     times, cpu_times, leaks = [], [], []
@@ -228,10 +226,8 @@ def step_point(algo: str, model_dir: Path, hidden: int, batch: int, length: int,
             times.append(time.perf_counter() - self.start)
             cpu_times.append(time.process_time() - self.cpu_start)
 
-    trainer = get_algorithm(algo).trainer_class(
-        model=str(model_dir), reward_funcs=get_reward_functions(["math_accuracy"]), args=args,
-        train_dataset=train_set, processing_class=load_tokenizer(str(model_dir)), callbacks=[StepTimer()],
-    )
+    trainer = build_run(recipe, str(workdir / algo), overwrite=True).trainer
+    trainer.add_callback(StepTimer())
     if algo == "poise":
         def timing(name, fn):
             def wrapped(*a, **k):
@@ -315,20 +311,11 @@ def step_sweep(cli, workdir: Path) -> list[dict]:
 def toy_variance_reduction(steps: int, workdir: Path) -> dict:
     import poise_trl.probe as probe_module
     from poise_trl import estimators
-    from poise_trl.build import load_datasets, parse_recipe
-    from poise_trl.loading import load_tokenizer, resolve_model_path
+    from poise_trl.build import build_run
     from poise_trl.recipe import load_recipe
-    from poise_trl.rewards import get_reward_functions
-    from poise_trl.trainers import get_algorithm
 
-    recipe = {**load_recipe("recipes/toy/poise.yaml"), "max_steps": steps, "save_strategy": "no"}
-    algo = get_algorithm("poise")
-    parsed = parse_recipe(recipe, str(workdir / "toy_vr"))
-    settings, args = parsed.settings, parsed.args
-    train_set, _ = load_datasets(settings, seed=args.seed)
-    model = resolve_model_path(settings.model)
-    trainer = algo.trainer_class(model=model, reward_funcs=get_reward_functions(settings.rewards), args=args,
-                                 train_dataset=train_set, processing_class=load_tokenizer(model))
+    recipe = {**load_recipe("recipes/toy/poise.yaml"), "max_steps": steps, "save_strategy": "no", **MINIMAL_EVAL}
+    trainer = build_run(recipe, str(workdir / "toy_vr"), overwrite=True).trainer
     fast = trainer.value_estimator
     shadow = ProbeEstimator(**{**fast.config, "fit_method": "exact"})
     rows, predicted = [], {}

@@ -3,8 +3,21 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
+
+# A recipe's `rewards` entry naming digit_parity_reward (pytest puts tests/ on sys.path; a `poise train`
+# subprocess needs tests/ on PYTHONPATH).
+VARYING_REWARD = "helpers:digit_parity_reward"
+
+
+def digit_parity_reward(completions, **kwargs) -> list[float]:
+    """1.0 where a completion holds an odd number of digits. A random model never solves a problem, so
+    `math_accuracy` scores every rollout 0: equal rewards, zero advantages, no gradient. This one varies
+    between the rollouts of a random model, so a training step has something to learn from."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [float(sum(ch.isdigit() for ch in text) % 2) for text in texts]
 
 
 def assert_one_line_error(result, output, pattern):
@@ -63,3 +76,35 @@ def assert_parameters_moved(before: dict, trainer) -> None:
     after = dict(trainer.model.named_parameters())
     unchanged = [name for name, value in before.items() if torch.equal(value, after[name].detach())]
     assert not unchanged, f"{len(unchanged)} of {len(before)} trainable tensors did not change, e.g. {unchanged[:3]}"
+
+
+def assert_parameters_unchanged(before: dict, trainer) -> None:
+    """After a run with nothing to learn from (no reward signal): not one trainable tensor moved."""
+    after = dict(trainer.model.named_parameters())
+    moved = [name for name, value in before.items() if not torch.equal(value, after[name].detach())]
+    assert not moved, f"{len(moved)} of {len(before)} trainable tensors changed, e.g. {moved[:3]}"
+
+
+def saved_tensors(folder) -> dict:
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    assert files, f"no .safetensors file in {folder}"
+    return {name: tensor for path in files for name, tensor in load_file(path).items()}
+
+
+def assert_saved_weights_moved(start_model_dir, final_dir) -> None:
+    """The weights a run saved in `final_dir` differ, tensor by tensor, from the model it started from.
+    A LoRA run saves only its adapter: PEFT starts every lora_B at zero, so each one must have left it."""
+    final = saved_tensors(final_dir)
+    if (Path(final_dir) / "adapter_model.safetensors").exists():
+        lora_b = {name: t for name, t in final.items() if "lora_B" in name}
+        assert lora_b, f"{final_dir} holds an adapter without lora_B tensors"
+        still_zero = [name for name, t in lora_b.items() if not t.any()]
+        assert not still_zero, f"{len(still_zero)} of {len(lora_b)} lora_B tensors are still zero, e.g. {still_zero[:3]}"
+        return
+    start = saved_tensors(start_model_dir)
+    shared = sorted(set(start) & set(final))
+    assert shared, f"{final_dir} and {start_model_dir} hold no tensor of the same name"
+    unchanged = [name for name in shared if torch.equal(start[name], final[name])]
+    assert not unchanged, f"{len(unchanged)} of {len(shared)} saved tensors did not change, e.g. {unchanged[:3]}"

@@ -9,10 +9,18 @@ from collections import defaultdict
 
 import pytest
 import torch
+from helpers import (
+    VARYING_REWARD,
+    assert_parameters_moved,
+    assert_parameters_unchanged,
+    assert_saved_weights_moved,
+    build_trainer,
+    digit_parity_reward,
+    saved_tensors,
+    trainable_parameters,
+)
 
-from poise_trl.build import load_datasets, parse_recipe
-from poise_trl.callbacks import Budget, HeldOutEvalCallback
-from poise_trl.loading import load_tokenizer
+from poise_trl.callbacks import HeldOutEvalCallback
 from poise_trl.recipe import RecipeError
 from poise_trl.trainers import get_algorithm
 from poise_trl.trainers.a2po import A2PO_STATE_FILE, A2POArmConfig, CountingA2POTrainer, completion_lengths
@@ -22,12 +30,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 PROMPTS, SAMPLES, BATCH = 16, 2, 8
 
 
-def digit_parity_reward(completions, **kwargs) -> list[float]:
-    """Binary, and varies between samples of a random model: some prompts get V* = 0 or 1, most in between."""
-    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-    return [float(sum(ch.isdigit() for ch in text) % 2) for text in texts]
-
-
 def always_right(completions, **kwargs) -> list[float]:
     return [1.0] * len(completions)
 
@@ -35,16 +37,20 @@ def always_right(completions, **kwargs) -> list[float]:
 class Recorder:
     """What the models generated and what the rewards said, kept by the test itself: every
     `generate` output of the reference model (stage 1) and the policy (stage 2), and every reward
-    call with the phase it came in (stage 1 until TRL has set V*)."""
+    call with the phase it came in (stage 1 until TRL has set V*). The held-out evaluation samples
+    from the policy too; those completions are no rollouts and are left out."""
 
     def __init__(self, reward):
         self.reward = reward
         self.trainer = None
         self.outputs = {"ref": [], "policy": []}
         self.calls = []
+        self.evaluating = False
 
     def reward_func(self, prompts, completions, **kwargs):
         rewards = self.reward(completions)
+        if self.trainer is None:  # build_run's dry call, before the trainer exists
+            return rewards
         phase = "stage1" if self.trainer._optimal_values is None else "stage2"
         self.calls.append((phase, [json.dumps(p) for p in prompts], rewards))
         return rewards
@@ -56,11 +62,22 @@ class Recorder:
 
             def generate(*args, _original=original, _name=name, **kwargs):
                 output = _original(*args, **kwargs)
-                completions = output[:, kwargs["input_ids"].shape[1]:].tolist()
-                self.outputs[_name].append(completions)
+                if not self.evaluating:
+                    self.outputs[_name].append(output[:, kwargs["input_ids"].shape[1]:].tolist())
                 return output
 
             model.generate = generate
+        held_out = next(c for c in trainer.callback_handler.callbacks if isinstance(c, HeldOutEvalCallback))
+        evaluate = held_out._evaluate
+
+        def evaluate_unrecorded(*args, **kwargs):
+            self.evaluating = True
+            try:
+                return evaluate(*args, **kwargs)
+            finally:
+                self.evaluating = False
+
+        held_out._evaluate = evaluate_unrecorded
         return trainer
 
     def tokens(self, name: str, eos: list[int]) -> list[int]:
@@ -73,28 +90,15 @@ class Recorder:
         return lengths
 
 
-def make_trainer(model_dir, out, reward=digit_parity_reward, budget=None, **overrides):
+def make_trainer(model_dir, out, reward=digit_parity_reward, **overrides):
     recipe = {
         "algo": "a2po", "model": str(model_dir), "dataset": "toy-arith", "dataset_size": PROMPTS, "eval_limit": 4,
-        "per_device_train_batch_size": BATCH, "num_value_samples": SAMPLES, "max_completion_length": 32,
-        "max_steps": 2, "logging_steps": 1, "save_strategy": "no", "learning_rate": 1e-3, "seed": 0,
-        "filter_all_incorrect": False, **overrides,
+        "eval_every": 0, "per_device_train_batch_size": BATCH, "num_value_samples": SAMPLES,
+        "max_completion_length": 32, "max_steps": 2, "logging_steps": 1, "save_strategy": "no", "learning_rate": 1e-3,
+        "seed": 0, "filter_all_incorrect": False, **overrides,
     }
-    parsed = parse_recipe(recipe, str(out))
-    settings, args = parsed.settings, parsed.args
-    train_set, eval_set = load_datasets(settings, seed=0)
-    tokenizer = load_tokenizer(str(model_dir))
-    callbacks = None
-    if budget is not None:
-        callbacks = [HeldOutEvalCallback(eval_set, tokenizer, every=0, num_samples=1, temperature=1.0,
-                                         max_new_tokens=8, batch_size=4, seed=0, budget=budget)]
     recorder = Recorder(reward)
-    trainer = CountingA2POTrainer(model=str(model_dir), reward_funcs=[recorder.reward_func], args=args,
-                                  train_dataset=train_set, processing_class=tokenizer, peft_config=None,
-                                  callbacks=callbacks)
-    if callbacks:
-        callbacks[0].trainer = trainer
-    return recorder.attach(trainer), recorder
+    return recorder.attach(build_trainer(recipe, out, reward_funcs=[recorder.reward_func])), recorder
 
 
 def test_registered_and_lengths_stop_at_the_first_eos():
@@ -108,7 +112,9 @@ def test_registered_and_lengths_stop_at_the_first_eos():
 @pytest.mark.slow
 def test_both_stages_are_counted_exactly(tmp_path, tiny_random_model_dir):
     trainer, rec = make_trainer(tiny_random_model_dir, tmp_path / "run")
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_moved(before, trainer)
     assert trainer.state.global_step == 2
     stage1, stage2 = rec.tokens("ref", trainer.eos_token_ids), rec.tokens("policy", trainer.eos_token_ids)
     assert len(stage1) == PROMPTS * SAMPLES and len(stage2) == 2 * BATCH
@@ -144,7 +150,9 @@ def test_both_stages_are_counted_exactly(tmp_path, tiny_random_model_dir):
 @pytest.mark.slow
 def test_all_reference_samples_right_means_no_signal(tmp_path, tiny_random_model_dir):
     trainer, _ = make_trainer(tiny_random_model_dir, tmp_path / "right", reward=always_right, max_steps=1)
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_unchanged(before, trainer)  # no rollout carried a signal, so no step was taken
     assert list(trainer._optimal_values.values()) == pytest.approx([1.0] * PROMPTS)  # up to float32 rounding
     (step,) = [e for e in trainer.state.log_history if "loss" in e]
     assert step["zero_signal_fraction"] == 1.0
@@ -156,7 +164,9 @@ def test_resume_keeps_v_star_and_the_filtered_train_set(tmp_path, tiny_random_mo
     # With the filter on, prompts whose 2 reference samples both scored 0 leave the train set.
     settings = {"save_strategy": "steps", "save_steps": 1, "filter_all_incorrect": True}
     straight, _ = make_trainer(tiny_random_model_dir, tmp_path / "straight", **settings)
+    before = trainable_parameters(straight)
     straight.train()
+    assert_parameters_moved(before, straight)
     kept = len(straight.train_dataset)
     assert BATCH < kept < PROMPTS
     checkpoint = tmp_path / "straight" / "checkpoint-1"
@@ -165,7 +175,9 @@ def test_resume_keeps_v_star_and_the_filtered_train_set(tmp_path, tiny_random_mo
     assert state["generated_rollouts"] == PROMPTS * SAMPLES + BATCH and len(state["train_prompts"]) == kept
 
     resumed, rec = make_trainer(tiny_random_model_dir, tmp_path / "resumed", **settings)
+    at_checkpoint = saved_tensors(checkpoint)
     resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert_parameters_moved({name: at_checkpoint[name] for name in trainable_parameters(resumed)}, resumed)
     assert rec.outputs["ref"] == []  # stage 1 did not sample again
     assert resumed._optimal_values == straight._optimal_values  # the same floats, through JSON
     assert [r["prompt"] for r in resumed.train_dataset] == [r["prompt"] for r in straight.train_dataset]
@@ -184,12 +196,12 @@ def test_resume_keeps_v_star_and_the_filtered_train_set(tmp_path, tiny_random_mo
 def test_a_budget_stage_1_cannot_fit_is_one_line(tmp_path, tiny_random_model_dir):
     # rollouts: known before sampling, refused when the trainer is built (poise train has written nothing)
     with pytest.raises(RecipeError) as caught:
-        make_trainer(tiny_random_model_dir, tmp_path / "r", budget=Budget("rollouts", 20))
+        make_trainer(tiny_random_model_dir, tmp_path / "r", budget_rollouts=20)
     message = str(caught.value)
     assert "\n" not in message and "32 rollouts" in message and "20" in message and "dataset_size" in message
     # tokens: whether up to 32 x 32 fit in 40 only sampling shows; stage 1 stops at its first batch past them
     with pytest.warns(UserWarning, match="may use up to 1024 of the 40 budget tokens"):
-        trainer, rec = make_trainer(tiny_random_model_dir, tmp_path / "t", budget=Budget("tokens", 40))
+        trainer, rec = make_trainer(tiny_random_model_dir, tmp_path / "t", budget_tokens=40)
     with pytest.raises(RecipeError) as caught:
         trainer.train()
     message = str(caught.value)
@@ -200,12 +212,8 @@ def test_a_budget_stage_1_cannot_fit_is_one_line(tmp_path, tiny_random_model_dir
 
 
 def test_lora_is_refused(tmp_path, tiny_random_model_dir):
-    from peft import LoraConfig
-
-    args = A2POArmConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
     with pytest.raises(ValueError, match="does not support LoRA"):
-        CountingA2POTrainer(model=str(tiny_random_model_dir), reward_funcs=[always_right], args=args,
-                            peft_config=LoraConfig(r=4))
+        make_trainer(tiny_random_model_dir, tmp_path / "lora", peft={"r": 4})
 
 
 @pytest.mark.slow
@@ -222,9 +230,10 @@ def test_poise_train_budget_run_counts_stage_1_and_resumes(tmp_path, tiny_random
         "eval_limit": 4, "eval_every": 0, "eval_num_samples": 1, "eval_max_new_tokens": 8,
         "per_device_train_batch_size": BATCH, "num_value_samples": SAMPLES, "max_completion_length": 16,
         "filter_all_incorrect": False, "max_steps": 100, "logging_steps": 1, "save_steps": 1, "learning_rate": 1e-3,
-        "seed": 0, "budget_rollouts": budget, "budget_eval_points": 2,
+        "seed": 0, "budget_rollouts": budget, "budget_eval_points": 2, "rewards": [VARYING_REWARD],
     }
     whole = train_from_recipe(recipe, str(tmp_path / "whole"), show_progress=False)
+    assert_saved_weights_moved(tiny_random_model_dir, tmp_path / "whole" / "final")
     assert whole["steps"] == 2 and whole["budget_reached"] and whole["generated_rollouts"] == budget
     points = whole["heldout_history"]
     assert [(p["step"], p["generated_rollouts"]) for p in points] == [(0, 32), (1, 40), (2, 48)]

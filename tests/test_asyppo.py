@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import build_trainer
+from helpers import assert_parameters_moved, build_trainer, saved_tensors, trainable_parameters
 
 from poise_trl.build import parse_recipe
 from poise_trl.critics import CriticEnsemble
@@ -46,7 +46,9 @@ def test_two_step_asyppo_run(tmp_path, tiny_random_model_dir):
         return advantages
 
     trainer.compute_advantages = spy
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_moved(before, trainer)
     assert trainer.state.global_step == 2 and trainer.critics.updates == 2
     advantages, output = seen[0]
     mask = output["completion_mask"].bool()
@@ -121,14 +123,18 @@ def test_value_warmup_freezes_the_actor_and_positive_lm_loss(tmp_path, tiny_rand
 def test_checkpoint_round_trip_and_resume(tmp_path, tiny_random_model_dir):
     out = tmp_path / "run"
     trainer = make_trainer(tiny_random_model_dir, out, algo="ppo", num_generations=2)
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_moved(before, trainer)
     saved = CriticEnsemble(str(tiny_random_model_dir), 1, learning_rate=1e-3)
     saved.load(out / "checkpoint-2" / "critics")
     ids = torch.randint(10, 60, (3, 12))
     assert torch.equal(saved.values(ids, torch.ones_like(ids), 5), trainer.critics.values(ids, torch.ones_like(ids), 5))
 
     resumed = make_trainer(tiny_random_model_dir, out, algo="ppo", num_generations=2)
+    at_checkpoint = saved_tensors(out / "checkpoint-1")
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert_parameters_moved({name: at_checkpoint[name] for name in trainable_parameters(resumed)}, resumed)
     # 1 update restored from the checkpoint + 1 new round; a fresh critic would count 1.
     assert resumed.state.global_step == 2 and resumed.critics.updates == 2
 

@@ -6,9 +6,10 @@ import os
 import shutil
 
 import pytest
-from poise_trl.cli.main import app
+from helpers import VARYING_REWARD, assert_saved_weights_moved
 from typer.testing import CliRunner
 
+from poise_trl.cli.main import app
 from poise_trl.recipe import load_recipe
 from poise_trl.train import train_from_recipe
 
@@ -17,6 +18,7 @@ TINY = {
     "eval_num_samples": 1, "eval_max_new_tokens": 8, "num_generations": 2, "per_device_train_batch_size": 4,
     "max_completion_length": 8, "max_steps": 1, "logging_steps": 1, "save_steps": 1, "learning_rate": 1e-3,
     "seed": 0, "probe_bootstrap_steps": 1, "probe_prompt_components": 2, "probe_response_components": 2,
+    "rewards": [VARYING_REWARD],
 }
 
 # (command line, text the one error line must contain). Placeholders: {recipe} a valid tiny
@@ -145,6 +147,10 @@ def fill(args, world):
     if args and args[0] == "train" and "-o" not in args and len(args) > 1:
         args += ["-o", str(world["run"])]
     return args + (["--no-progress"] if args and args[0] == "train" and len(args) > 1 else [])
+
+
+def test_the_finished_run_trained(world):
+    assert_saved_weights_moved(world["model"], world["run"] / "final")
 
 
 def test_the_table_covers_every_command():

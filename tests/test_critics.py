@@ -158,12 +158,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, {tests!r})
+from helpers import assert_parameters_moved, trainable_parameters
 from test_asyppo import make_trainer, parity
 
 out = Path({out!r})
 trainer = make_trainer({model!r}, out / "run", reward_funcs=[parity], per_device_train_batch_size=4, max_steps=2,
                        save_steps=100)
+before = trainable_parameters(trainer)
 trainer.train()
+assert_parameters_moved(before, trainer)
 params = [p.detach().clone() for critic in trainer.critics.critics for p in critic.parameters()]
 torch.save({{"params": params, "updates": trainer.critics.updates}}, out / f"rank{{trainer.accelerator.process_index}}.pt")
 # Tear gloo down before exit: its threads otherwise can abort the process at interpreter shutdown.

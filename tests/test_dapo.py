@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_two_cpu_ranks
+from helpers import (
+    assert_parameters_moved,
+    assert_parameters_unchanged,
+    build_trainer,
+    digit_parity_reward,
+    run_two_cpu_ranks,
+    trainable_parameters,
+)
 
 from poise_trl import estimators
-from poise_trl.build import load_datasets, parse_recipe
-from poise_trl.loading import load_tokenizer
 from poise_trl.trainers.dapo import (
     DAPO_STATE_FILE,
     DAPOTrainer,
@@ -101,12 +106,6 @@ def test_merge_batches_pads_prompts_left_and_completions_right():
 # ---------------------------------------------------------------------------------------
 
 
-def digit_parity_reward(completions, **kwargs) -> list[float]:
-    """Varies between rollouts of a random model, so some groups are informative and some not."""
-    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-    return [float(sum(ch.isdigit() for ch in text) % 2) for text in texts]
-
-
 def zero_reward(completions, **kwargs) -> list[float]:
     return [0.0] * len(completions)
 
@@ -123,9 +122,6 @@ def make_trainer(model_dir, out, reward=digit_parity_reward, **overrides):
         "logging_steps": 1, "save_strategy": "no", "learning_rate": 1e-3, "seed": 0, "overlong_buffer_length": 0,
         **overrides,
     }
-    parsed = parse_recipe(recipe, str(out))
-    settings, args = parsed.settings, parsed.args
-    train_set, _ = load_datasets(settings, seed=0)
 
     class Recording(DAPOTrainer):
         merged: list = []
@@ -142,14 +138,15 @@ def make_trainer(model_dir, out, reward=digit_parity_reward, **overrides):
             return batch
 
     Recording.merged, Recording.extra_batches = [], []
-    return Recording(model=str(model_dir), reward_funcs=[reward], args=args, train_dataset=train_set,
-                     processing_class=load_tokenizer(str(model_dir)))
+    return build_trainer(recipe, out, reward_funcs=[reward], trainer_class=Recording)
 
 
 @pytest.mark.slow
 def test_trained_groups_are_informative_and_the_batch_is_consistent(tmp_path, tiny_random_model_dir):
     trainer = make_trainer(tiny_random_model_dir, tmp_path / "run", max_generation_rounds=6)
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_moved(before, trainer)
     assert trainer.state.global_step == 2
     history = trainer.dynamic_sampling_history
     assert len(history) == 2 and len(trainer.merged) == 2
@@ -170,7 +167,9 @@ def test_trained_groups_are_informative_and_the_batch_is_consistent(tmp_path, ti
 def test_stops_at_the_cap_when_no_group_is_informative(tmp_path, tiny_random_model_dir):
     trainer = make_trainer(tiny_random_model_dir, tmp_path / "cap", reward=zero_reward, max_generation_rounds=3,
                            max_steps=1)
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_unchanged(before, trainer)  # nothing in the loss
     (record,) = trainer.dynamic_sampling_history
     assert record["rounds"] == 3 and record["generated_groups"] == 6 and record["informative_groups"] == 0
     assert record["trained_groups"] == 0 and record["zero_weight_groups"] == 2 and record["dropped_groups"] == 6
@@ -183,13 +182,17 @@ def test_stops_at_the_cap_when_no_group_is_informative(tmp_path, tiny_random_mod
 def test_at_the_cap_only_kept_groups_are_in_the_loss(tmp_path, tiny_random_model_dir):
     trainer = make_trainer(tiny_random_model_dir, tmp_path / "drop", reward=first_row_right, max_generation_rounds=2,
                            max_steps=1)
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_moved(before, trainer)
     (record,) = trainer.dynamic_sampling_history
     # 2 rounds x (1 kept + 1 dropped group): target 2 reached, no group repeated
     assert record["informative_groups"] == 2 and record["trained_groups"] == 2 and record["zero_weight_groups"] == 0
     trainer = make_trainer(tiny_random_model_dir, tmp_path / "drop1", reward=first_row_right, max_generation_rounds=1,
                            max_steps=1)
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_moved(before, trainer)
     (record,) = trainer.dynamic_sampling_history
     assert record["trained_groups"] == 1 and record["zero_weight_groups"] == 1
     batch = trainer.merged[0]
@@ -233,9 +236,12 @@ import json, sys
 import torch
 sys.path.insert(0, {tests!r})
 from accelerate import PartialState
+from helpers import assert_parameters_moved, trainable_parameters
 from test_dapo import make_trainer
 trainer = make_trainer({model!r}, {out!r} + "/run", max_generation_rounds=5, max_steps=1)
+before = trainable_parameters(trainer)
 trainer.train()
+assert_parameters_moved(before, trainer)
 rank = PartialState().process_index
 with open({out!r} + f"/rank{{rank}}.json", "w") as f:
     json.dump(trainer.dynamic_sampling_history, f)

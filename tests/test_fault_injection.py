@@ -10,8 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+from helpers import VARYING_REWARD, assert_saved_weights_moved
 from safetensors.torch import load_file
 
 from poise_trl.recipe import load_recipe
@@ -24,7 +26,7 @@ RECIPE = {
     "eval_num_samples": 1, "eval_max_new_tokens": 16, "num_generations": 2, "per_device_train_batch_size": 4,
     "max_completion_length": 16, "max_steps": MAX_STEPS, "logging_steps": 1, "save_steps": 1,
     "learning_rate": 1e-3, "seed": 0, "probe_bootstrap_steps": 2, "probe_prompt_components": 2,
-    "probe_response_components": 2,
+    "probe_response_components": 2, "rewards": [VARYING_REWARD],
 }
 
 
@@ -36,14 +38,17 @@ def recipe_path(tmp_path_factory, tiny_random_model_dir):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(recipe_path):
+def uninterrupted(recipe_path, tiny_random_model_dir):
     out = recipe_path.parent / "uninterrupted"
     train_from_recipe(load_recipe(recipe_path), str(out), show_progress=False)
+    assert_saved_weights_moved(tiny_random_model_dir, out / "final")  # else "bit for bit" compares untrained weights
     return out
 
 
 def start_training(recipe_path, out):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    tests = str(Path(__file__).parent)  # the recipe's reward lives in tests/helpers.py
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     command = [sys.executable, "-m", "poise_trl.cli.main", "train", str(recipe_path), "-o", str(out), "--no-progress"]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_one_line_error
+from helpers import (
+    VARYING_REWARD,
+    assert_one_line_error,
+    assert_parameters_moved,
+    build_trainer,
+    trainable_parameters,
+)
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 from transformers import TrainerCallback
@@ -91,21 +97,14 @@ class StepPeak(TrainerCallback):
 
 def measured_step_peak(recipe: dict, output_dir: Path) -> dict:
     """Peak live tensor bytes of the 2nd optimizer step of a real TRL run of `recipe` (AdamW state exists by then)."""
-    from poise_trl.loading import load_tokenizer, resolve_model_path
-    from poise_trl.prompts import load_prompt_dataset
-    from poise_trl.rewards import get_reward_functions
-
-    recipe = {**recipe, "max_steps": 2, "save_steps": 100, "logging_steps": 1}
-    parsed = parse_recipe(recipe, str(output_dir))
-    algo, settings, args = parsed.algorithm, parsed.settings, parsed.args
-    model_path = resolve_model_path(settings.model)
-    tokenizer = load_tokenizer(model_path)
-    train_set = load_prompt_dataset(settings.dataset, split="train", seed=0, limit=256)
-    trainer = algo.trainer_class(model=model_path, reward_funcs=get_reward_functions(settings.rewards), args=args,
-                                 train_dataset=train_set, processing_class=tokenizer)
+    recipe = {**recipe, "max_steps": 2, "save_steps": 100, "logging_steps": 1, "dataset_size": 256, "eval_limit": 4,
+              "eval_num_samples": 1, "eval_max_new_tokens": 8}
+    trainer = build_trainer(recipe, output_dir)
     tracker = StepPeak(trainer)
     trainer.add_callback(tracker)
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_moved(before, trainer)
     return tracker.steps[-1]
 
 
@@ -137,7 +136,8 @@ def test_plan_matches_the_measured_peak_for_a_wider_random_qwen3(tmp_path, singl
     build_model(tokenizer, seed=0, hidden_size=512, num_layers=4).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     recipe = {**load_recipe(REPO / "recipes" / "toy" / "grpo.yaml"), "model": str(tmp_path / "model"),
-              "per_device_train_batch_size": 16, "max_completion_length": 32, "num_generations": 8}
+              "per_device_train_batch_size": 16, "max_completion_length": 32, "num_generations": 8,
+              "rewards": [VARYING_REWARD]}  # a random model answers nothing: math_accuracy gives no gradient
     step = measured_step_peak(recipe, tmp_path / "run")
     planned = cpu_plan(recipe, step["shape"])
     error = planned / step["peak"] - 1

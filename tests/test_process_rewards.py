@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import build_trainer
+from helpers import assert_parameters_moved, build_trainer, trainable_parameters
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poise_trl.process_rewards import (
@@ -165,7 +165,9 @@ def make_trainer(model_dir, out, case, **overrides):
 @pytest.mark.parametrize("case", list(CASES))
 def test_process_advantages_vary_within_rows_and_reach_the_loss_intact(tmp_path, tiny_random_model_dir, case):
     trainer = make_trainer(tiny_random_model_dir, tmp_path / case, case)
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_moved(before, trainer)
     generated, seen = trainer.generated[0], trainer.seen[0]
     adv, ids = generated["advantages"], generated["completion_ids"]
     assert adv.dim() == 2 and adv.shape == ids.shape

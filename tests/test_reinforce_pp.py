@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import build_trainer
+from helpers import assert_saved_weights_moved, build_trainer
 from test_train import tiny_recipe
 from trl import GRPOTrainer
 
@@ -119,3 +119,4 @@ def test_two_step_runs(tmp_path, tiny_random_model_dir, algo, extra):
     assert summary["steps"] == 2
     assert summary["trainer_config"]["num_generations"] == extra.get("num_generations", 2)
     assert (tmp_path / "run" / "checkpoint-2" / "model.safetensors").exists()
+    assert_saved_weights_moved(tiny_random_model_dir, tmp_path / "run" / "final")

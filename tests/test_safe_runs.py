@@ -6,6 +6,7 @@ import os
 import shutil
 
 import pytest
+from helpers import VARYING_REWARD, assert_saved_weights_moved
 from typer.testing import CliRunner
 
 from poise_trl.cli.main import app
@@ -23,6 +24,7 @@ TINY = {
     "eval_num_samples": 1, "eval_max_new_tokens": 8, "num_generations": 2, "per_device_train_batch_size": 4,
     "max_completion_length": 8, "max_steps": 2, "logging_steps": 1, "save_steps": 1, "learning_rate": 1e-3,
     "seed": 0, "probe_bootstrap_steps": 1, "probe_prompt_components": 2, "probe_response_components": 2,
+    "rewards": [VARYING_REWARD],
 }
 
 
@@ -43,6 +45,7 @@ def finished_run(tmp_path_factory, tiny_random_model_dir):
     root = tmp_path_factory.mktemp("finished")
     recipe = write_recipe(root / "recipe.yaml", tiny_random_model_dir)
     train_from_recipe(load_recipe(recipe), str(root / "run"), show_progress=False)
+    assert_saved_weights_moved(tiny_random_model_dir, root / "run" / "final")
     return root / "run", recipe
 
 
@@ -82,6 +85,7 @@ def test_overwrite_replaces_the_run_and_nothing_of_it_stays(finished_run, tmp_pa
     recipe = write_recipe(tmp_path / "r.yaml", tiny_random_model_dir, max_steps=1)
     summary = train_from_recipe(load_recipe(recipe), str(run), show_progress=False, overwrite=True)
     assert summary["steps"] == 1
+    assert_saved_weights_moved(tiny_random_model_dir, run / "final")
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
     assert json.loads((run / "summary.json").read_text())["recipe"]["max_steps"] == 1
     assert not any(p.name.startswith(".run.overwritten") for p in tmp_path.iterdir())
@@ -185,6 +189,7 @@ def test_killed_after_the_budget_checkpoint_finishes_without_training(tmp_path, 
                           budget_eval_points=2)
     run = tmp_path / "run"
     whole = train_from_recipe(load_recipe(recipe), str(run), show_progress=False)
+    assert_saved_weights_moved(tiny_random_model_dir, run / "final")
     for name in ("summary.json", "probe_report.json"):  # a kill after the last checkpoint, before the reports
         (run / name).unlink()
     lines = []

@@ -143,3 +143,11 @@ def test_a_runs_held_out_set_shares_no_question_with_its_training_rows():
     tiny_space = {**recipe, "dataset": "reasoning-gym:count_bits", "task_config": {"max_n": 20}}
     with pytest.raises(RecipeError, match="every held-out question"):
         load_datasets(parse_recipe(tiny_space).settings, seed=0)
+
+
+def test_poise_on_a_mix_keeps_one_probe_per_task_unless_the_recipe_says_otherwise():
+    mix = {"algo": "poise", "model": "data/tiny-qwen3",
+           "dataset": ["reasoning-gym:leg_counting", "reasoning-gym:chain_sum"]}
+    assert parse_recipe(mix).args.probe_domain_column == "task"
+    assert parse_recipe({**mix, "probe_domain_column": None}).args.probe_domain_column is None
+    assert parse_recipe({**mix, "dataset": "reasoning-gym:leg_counting"}).args.probe_domain_column is None

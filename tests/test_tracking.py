@@ -4,6 +4,7 @@ event files whose tags include the probe's and the critics' metrics."""
 from pathlib import Path
 
 import pytest
+from helpers import VARYING_REWARD, assert_saved_weights_moved
 
 from poise_trl.build import parse_recipe
 from poise_trl.recipe import load_recipe
@@ -31,7 +32,8 @@ def tiny_recipe(model_dir, algo, **extra):
         "algo": algo, "model": str(model_dir), "dataset": "toy-arith", "dataset_size": 32, "eval_limit": 4,
         "eval_every": 2, "eval_num_samples": 1, "eval_max_new_tokens": 8, "num_generations": 4,
         "per_device_train_batch_size": 8, "max_completion_length": 12, "max_steps": 2, "logging_steps": 1,
-        "save_steps": 100, "learning_rate": 1e-3, "seed": 0, "report_to": "tensorboard", **extra,
+        "save_steps": 100, "learning_rate": 1e-3, "seed": 0, "report_to": "tensorboard", "rewards": [VARYING_REWARD],
+        **extra,
     }
 
 
@@ -51,6 +53,7 @@ def test_toy_recipes_report_nowhere_by_default():
 def test_tensorboard_run_logs_probe_and_critic_metrics(tmp_path, tiny_random_model_dir, algo, extra, expected):
     out = tmp_path / "run"
     train_from_recipe(tiny_recipe(tiny_random_model_dir, algo, **extra), str(out), show_progress=False)
+    assert_saved_weights_moved(tiny_random_model_dir, out / "final")
     scalars = tensorboard_scalars(out)
     assert "train/loss" in scalars and len(scalars["train/loss"]) == 2
     for prefix in expected:

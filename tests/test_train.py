@@ -4,6 +4,7 @@ import json
 import shutil
 
 import pytest
+from helpers import VARYING_REWARD, assert_saved_weights_moved
 
 from poise_trl.recipe import RecipeError, load_recipe
 from poise_trl.train import train_from_recipe
@@ -27,6 +28,7 @@ def tiny_recipe(tmp_path, model_dir, algo="grpo", **extra):
         "save_steps": 1,
         "learning_rate": 1e-3,
         "seed": 0,
+        "rewards": [VARYING_REWARD],
         **extra,
     }
     path = tmp_path / "recipe.yaml"
@@ -46,7 +48,7 @@ def test_two_step_run_writes_summary_and_checkpoints(tmp_path, tiny_random_model
     assert written["versions"]["trl"].startswith("1.16")
     assert written["recipe"]["algo"] == algo
     assert (out / "checkpoint-2" / "model.safetensors").exists()
-    assert (out / "final" / "model.safetensors").exists()
+    assert_saved_weights_moved(tiny_random_model_dir, out / "final")
     assert (out / "recipe.yaml").exists()
 
 
@@ -56,6 +58,7 @@ def test_lora_run(tmp_path, tiny_random_model_dir):
     summary = train_from_recipe(recipe, str(out), show_progress=False)
     assert summary["steps"] == 2
     assert (out / "final" / "adapter_model.safetensors").exists()
+    assert_saved_weights_moved(tiny_random_model_dir, out / "final")
 
 
 def test_poise_run_writes_probe_report_and_plot(tmp_path, tiny_random_model_dir):
@@ -63,6 +66,7 @@ def test_poise_run_writes_probe_report_and_plot(tmp_path, tiny_random_model_dir)
                          probe_prompt_components=4, probe_response_components=4)
     out = tmp_path / "poise"
     train_from_recipe(recipe, str(out), show_progress=False)
+    assert_saved_weights_moved(tiny_random_model_dir, out / "final")
     report = json.loads((out / "probe_report.json").read_text())
     assert report["rounds"] == 2 and report["probe_active_rounds"] == 1
     assert report["per_round"][1]["probe_active"] is True
@@ -82,6 +86,7 @@ def test_budget_stops_the_run_and_records_compute_at_each_point(tmp_path, tiny_r
     summary = train_from_recipe(budget_recipe(tmp_path, tiny_random_model_dir), str(out), show_progress=False)
     assert summary["steps"] == 2 and summary["budget_reached"] is True
     assert summary["generated_rollouts"] == 8
+    assert_saved_weights_moved(tiny_random_model_dir, out / "final")
     points = summary["heldout_history"]
     assert [(p["step"], p.get("budget_point")) for p in points] == [(0, None), (1, 1), (2, 2)]
     assert [p["generated_rollouts"] for p in points] == [0, 4, 8]
@@ -108,6 +113,7 @@ def test_interrupted_budget_run_resumes_with_its_curve_and_counters(tmp_path, ti
                                 show_progress=False)
     assert resumed["steps"] == 2 and resumed["budget_reached"] is True
     assert resumed["generated_rollouts"] == 8
+    assert_saved_weights_moved(tiny_random_model_dir, out / "final")
     assert [p["step"] for p in resumed["heldout_history"]] == [0, 1, 2]
     # the resumed run draws what the uninterrupted one drew: same tokens, same held-out curve
     assert resumed["generated_tokens"] == whole["generated_tokens"]

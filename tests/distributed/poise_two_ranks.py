@@ -7,12 +7,15 @@ from pathlib import Path
 import torch.distributed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import assert_parameters_moved, trainable_parameters  # noqa: E402
 from test_poise_trainer import make_trainer  # noqa: E402
 
 
 def main(model_dir: str, out: str) -> None:
     trainer = make_trainer(model_dir, Path(out) / "run", save_steps=100, per_device_train_batch_size=4)
+    before = trainable_parameters(trainer)
     trainer.train()
+    assert_parameters_moved(before, trainer)
     rank = trainer.accelerator.process_index
     trainer.value_estimator.save(Path(out) / f"rank{rank}")
     # Tear gloo down before exit: left to interpreter shutdown, its threads can abort the

@@ -73,6 +73,11 @@ def parse_recipe(recipe: dict, output_dir: str | None = None) -> ParsedRecipe:
         settings.rewards = ["task"] if is_task(settings.dataset) else ["math_accuracy"]
     elif isinstance(settings.rewards, str):  # `rewards: math_accuracy`
         settings.rewards = [settings.rewards]
+    if (isinstance(settings.dataset, list) and "probe_domain_column" in algorithm.config_class.__dataclass_fields__
+            and "probe_domain_column" not in config_kwargs):
+        # A mix: one probe and buffer per task, as POISE's official code keeps one per domain; a recipe may
+        # still set probe_domain_column: null for one shared probe.
+        config_kwargs["probe_domain_column"] = "task"
     args = build_config(algorithm, config_kwargs, output_dir)
     return ParsedRecipe(recipe, algorithm, settings, config_kwargs, args)
 

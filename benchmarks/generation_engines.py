@@ -31,7 +31,7 @@ MODEL = REPO_ROOT / "poise_trl" / "data" / "tiny-qwen3"
 
 def bench_workload(engine: str, prompts: list, answers: list, samples: int, max_new_tokens: int) -> dict:
     from poise_trl.generation import sample_transformers, sample_vllm, vllm_engine
-    from poise_trl.rewards import is_correct
+    from poise_trl.tasks.math_grader import is_correct
 
     kwargs = dict(num_samples=samples, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=0)
     started = time.perf_counter()

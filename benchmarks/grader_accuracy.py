@@ -25,7 +25,7 @@ from pathlib import Path
 from math_verify import parse, verify
 
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.rewards import grade_batch, is_correct
+from poise_trl.tasks.math_grader import grade_batch, is_correct
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = REPO / "tests" / "fixtures" / "grader" / "cases.jsonl"

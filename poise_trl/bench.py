@@ -42,8 +42,8 @@ from poise_trl.prompts import (
     load_prompt_dataset,
 )
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.rewards import extract_final_answer, is_correct
 from poise_trl.tasks import FAMILIES, extract_tagged_answer, get_family, is_task, score_rows
+from poise_trl.tasks.math_grader import extract_final_answer, is_correct
 
 # The instruction of the reference protocol (DeepSeek-R1 / MathArena style evaluations).
 REFERENCE_SUFFIX = "Please output the final answer within \\boxed{}."
@@ -224,15 +224,23 @@ def grade_batch(texts: list[str], rows: list[dict]) -> list[dict]:
     if not rows or "task" not in rows[0]:
         return [grade(text, row["answer"]) for text, row in zip(texts, rows, strict=True)]
     rewards = score_rows(texts, [row["task"] for row in rows], [row["verifier"] for row in rows])
-    return [{"reward": reward, "correct": reward >= 1.0,
-             "answer": extract_tagged_answer(text) if votes_on_answers(row["task"]) else None}
+    return [{"reward": reward, "correct": reward >= 1.0, "answer": voted_answer(row["task"], text)}
             for text, row, reward in zip(texts, rows, rewards, strict=True)]
 
 
+def voted_answer(task: str, text: str) -> str | None:
+    """The answer a completion votes for in maj@n: its `<answer>` or its final `\\boxed{}`, as the task asks;
+    None for a program, tool calls or a free response."""
+    answer_format = get_family(task).answer_format
+    if "<answer>" in answer_format:
+        return extract_tagged_answer(text)
+    return extract_final_answer(text) if "\\boxed" in answer_format else None
+
+
 def votes_on_answers(task: str) -> bool:
-    """Whether maj@n means something for a task: its completions end in an `<answer>` to vote on (not a
-    program, tool calls or a free response)."""
-    return "<answer>" in get_family(task).answer_format
+    """Whether maj@n means something for a task: its completions end in an answer to vote on."""
+    answer_format = get_family(task).answer_format
+    return "<answer>" in answer_format or "\\boxed" in answer_format
 
 
 _LATEX_NOISE = re.compile(r"\\(?:left|right)(?![A-Za-z])|\\[!,;: ]|\$|\s+|\^\{?\\circ\}?|\\%|%")

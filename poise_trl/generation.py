@@ -452,7 +452,7 @@ def evaluate_accuracy(
     """Avg@num_samples on a prompt dataset (`prompt`, `answer`, optional `level`; task rows carry `task` and
     `verifier` and are scored by their own verifier): overall, its standard error over prompts, per level
     and per task."""
-    from poise_trl.rewards import is_correct
+    from poise_trl.tasks.math_grader import is_correct
 
     samples = engine.sample(dataset["prompt"], num_samples, temperature=temperature, top_p=top_p,
                             max_new_tokens=max_new_tokens, seed=seed)

@@ -60,7 +60,7 @@ from poise_trl.plots import plot_layer_sweep, plot_predictions
 from poise_trl.probe import LinearValueProbe
 from poise_trl.progress import progress_bars
 from poise_trl.provenance import package_versions, write_json, write_text
-from poise_trl.rewards import answer_to_str, is_correct
+from poise_trl.tasks.math_grader import answer_to_str, is_correct
 from poise_trl.tasks import score_rows
 from poise_trl.value_model import load_value_model, predict_value_model, train_value_model
 

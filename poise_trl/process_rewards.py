@@ -40,7 +40,7 @@ from trl.trainer.utils import pad
 
 from poise_trl import estimators
 from poise_trl.distributed import gather_padded
-from poise_trl.rewards import answer_to_str
+from poise_trl.tasks.math_grader import answer_to_str
 
 # seed 002, "Episode Segmentation" (its list goes on: "... more markers"), plus paragraph breaks.
 DEFAULT_MARKERS = ["\n\n", "Wait", "Alternatively", "Actually", "Hmm", "So ", "But ", "Therefore", "Let me ", "I need to "]

@@ -36,8 +36,8 @@ import pyarrow.parquet
 
 from poise_trl import toy_task
 from poise_trl.loading import BUNDLED_DATA
-from poise_trl.rewards import answer_to_str, join_alternatives, last_boxed, normalize_gold_answer
 from poise_trl.tasks import TaskError, is_task, mix_rows, task_rows
+from poise_trl.tasks.math_grader import answer_to_str, join_alternatives, last_boxed, normalize_gold_answer
 
 logger = logging.getLogger(__name__)
 
@@ -476,7 +476,7 @@ def load_prompt_dataset(
     is already a chat is kept as it is. Unusable rows are skipped with a warning. `limit` keeps a random
     `limit` usable rows chosen by `seed`, in their original order; for a generated split (toy-arith train)
     `seed` seeds the generator and `limit` is the number of rows generated. Golds pass through
-    `rewards.normalize_gold_answer`. `column_option` is how errors tell the user to name a column, with
+    `tasks.math_grader.normalize_gold_answer`. `column_option` is how errors tell the user to name a column, with
     `{role}` for question or answer (`poise bench` passes `--{role}-column COLUMN`). A task name
     (`reasoning-gym:leg_counting`, see `poise_trl.tasks`) gives that family's rows for `split` ("test", else
     train), `limit` of them, seeded by `seed`, with `task_config` as the family's config. A list is a task

@@ -22,7 +22,7 @@ from poise_trl.prompts import (
     held_out_split,
     load_prompt_dataset,
 )
-from poise_trl.rewards import is_correct
+from poise_trl.tasks.math_grader import is_correct
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"{SHARED_DATA} not present")

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from poise_trl.prompts import DatasetFormatError, load_prompt_dataset
-from poise_trl.rewards import is_correct
+from poise_trl.tasks.math_grader import is_correct
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval_schemas"
 BOXED = "Please output the final answer within \\boxed{}."

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from poise_trl.rewards import grade_batch
+from poise_trl.tasks.math_grader import grade_batch
 
 CASES = Path(__file__).parent / "fixtures" / "grader" / "cases.jsonl"
 # Each external suite, and the file its cases quote.

@@ -9,20 +9,19 @@ from pathlib import Path
 import pytest
 
 import poise_trl.rewards as rewards
+import poise_trl.tasks.math_grader as math_grader
 from poise_trl.prompts import load_prompt_dataset
-from poise_trl.rewards import (
-    REWARD_FUNCTIONS,
+from poise_trl.rewards import REWARD_FUNCTIONS, format_reward, get_reward_functions, math_accuracy_reward
+from poise_trl.tasks.math_grader import (
     all_boxed,
     canonical_numbers,
     extract_final_answer,
-    format_reward,
-    get_reward_functions,
     grade_batch,
     is_correct,
     last_boxed,
-    math_accuracy_reward,
     normalize_gold_answer,
 )
+from poise_trl.tasks.worker_pool import WorkerPool
 
 
 @pytest.mark.parametrize(
@@ -271,13 +270,13 @@ def test_a_stuck_grade_is_cut_off_in_a_worker_thread():
     results = {}
 
     def grade():
-        before = rewards._POOL.acquire()
-        rewards._POOL.release(before)
+        before = math_grader._POOL.acquire()
+        math_grader._POOL.release(before)
         start = time.monotonic()
         results["batch"] = grade_batch([(r"\boxed{70}", 70), (SLOW, 70), (r"\boxed{7}", 7)], timeout_seconds=1)
         results["seconds"] = time.monotonic() - start
-        after = rewards._POOL.acquire()
-        rewards._POOL.release(after)
+        after = math_grader._POOL.acquire()
+        math_grader._POOL.release(after)
         results["replaced"] = after.process.pid != before.process.pid and before.process.poll() is not None
 
     worker = threading.Thread(target=grade)
@@ -302,17 +301,17 @@ def test_pathological_golds_are_bounded(gold):
 def test_grading_falls_back_to_this_process(monkeypatch):
     """Where no worker process can be started, grading still works (in-process, as before)."""
 
-    def cannot_start():
+    def cannot_start(pool):
         raise OSError("no processes here")
 
-    monkeypatch.setattr(rewards, "_POOL", rewards._WorkerPool())
-    monkeypatch.setattr(rewards, "_Worker", cannot_start)
+    monkeypatch.setattr(math_grader, "_POOL", WorkerPool(math_grader._POOL.target, math_grader._POOL.warm_up))
+    monkeypatch.setattr(WorkerPool, "_start", cannot_start)
     assert grade_batch([(r"\boxed{70}", 70), (r"\boxed{71}", 70)]) == [True, False]
 
 
 def test_math_accuracy_reward_grades_a_batch_in_one_round_trip(monkeypatch):
     calls = []
-    real = rewards.grade_batch
+    real = math_grader.grade_batch
     monkeypatch.setattr(rewards, "grade_batch", lambda pairs, *a: calls.append(len(pairs)) or real(pairs, *a))
     assert math_accuracy_reward([r"\boxed{1}", r"\boxed{2}", "x"], answer=["1", "1", "1"]) == [1.0, 0.0, 0.0]
     assert calls == [3]

@@ -151,3 +151,24 @@ def test_poise_on_a_mix_keeps_one_probe_per_task_unless_the_recipe_says_otherwis
     assert parse_recipe(mix).args.probe_domain_column == "task"
     assert parse_recipe({**mix, "probe_domain_column": None}).args.probe_domain_column is None
     assert parse_recipe({**mix, "dataset": "reasoning-gym:leg_counting"}).args.probe_domain_column is None
+
+
+def test_math_is_a_task_with_the_datasets_own_rows_and_the_math_grader():
+    """`math:toy-arith` holds exactly the rows `dataset: toy-arith` trains and evaluates on, scored as
+    `math_accuracy` scores them, so math sits in a mix beside the other families."""
+    plain_train = load_prompt_dataset("toy-arith", limit=6, seed=3)
+    as_task = task_rows("math:toy-arith", "train", 6, 3)
+    assert [r["prompt"] for r in as_task] == plain_train["prompt"] and [r["answer"] for r in as_task] == plain_train["answer"]
+    plain_test = load_prompt_dataset("toy-arith", split="test", limit=5, seed=3)
+    assert [r["prompt"] for r in task_rows("math:toy-arith", "test", 5, 3)] == plain_test["prompt"]
+
+    mix = mix_rows(["math:toy-arith", "reasoning-gym:leg_counting"], "train", 8, 0)
+    texts = [f"\\boxed{{{r['answer']}}}" if r["task"] == "math:toy-arith" else f"<answer>{r['answer']}</answer>"
+             for r in mix]
+    assert get_reward_functions(["task"])[0](completions=texts, task=[r["task"] for r in mix],
+                                            verifier=[r["verifier"] for r in mix]) == [1.0] * 8
+    math_rows = [r for r in mix if r["task"] == "math:toy-arith"]
+    assert get_reward_functions(["math_accuracy"])[0](completions=["\\boxed{-1}"] * len(math_rows),
+                                                     answer=[r["answer"] for r in math_rows]) == [0.0] * len(math_rows)
+    with pytest.raises(TaskError, match="registered dataset"):
+        task_rows("math:toy-arithm", "train", 2, 0)

@@ -59,6 +59,7 @@ FAMILIES: dict[str, str] = {
     "bfcl": "poise_trl.tasks.bfcl",
     "ifeval": "poise_trl.tasks.ifeval",
     "humaneval": "poise_trl.tasks.humaneval",
+    "math": "poise_trl.tasks.math_sets",
 }
 
 

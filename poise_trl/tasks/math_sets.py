@@ -1,0 +1,58 @@
+"""`math:<dataset>`: a registered math dataset (`math:toy-arith`, `math:math-500`, `math:aime25`, ...) as a task,
+so that it can sit in a task mix beside the other families. Its rows are the dataset's own (the same prompts
+and golds as `dataset: <name>`), and a completion is graded by math-verify (`math_grader`) exactly as the
+`math_accuracy` reward grades it: 1 when the final answer equals the gold, else 0.
+
+The train split is the dataset's default split (toy-arith's is generated from the seed, `size` rows); the test
+split is its held-out split (toy-arith's shipped test file), `size` rows of it chosen by the seed.
+"""
+
+from __future__ import annotations
+
+from poise_trl.tasks import TaskError, TaskFamily
+from poise_trl.tasks.math_grader import grade_batch, is_correct
+
+
+def registered() -> list[str]:
+    from poise_trl.prompts import DATASETS
+
+    return sorted(DATASETS)
+
+
+def build_rows(variant: str | None, config: dict, split: str, size: int | None, seed: int) -> list[dict]:
+    from poise_trl.prompts import DATASETS, held_out_split, load_prompt_dataset
+
+    if variant not in DATASETS:
+        raise TaskError(f"unknown math dataset {variant!r} in task 'math:{variant}': give math:<name> with a "
+                        f"registered dataset ({', '.join(registered())})")
+    if split not in ("train", "test"):
+        raise TaskError(f"unknown split {split!r} for math:{variant}; use 'train' or 'test'")
+    dataset_split = None
+    if split == "test":
+        dataset_split = held_out_split(variant)
+        if dataset_split is None:
+            raise TaskError(f"math:{variant} has no held-out split: evaluate it on another dataset (eval_dataset)")
+    rows = load_prompt_dataset(variant, split=dataset_split, limit=size, seed=seed)
+    return [{"id": f"{variant}/{split}/{i}", "prompt": row["prompt"], "answer": row["answer"],
+             "verifier": {"answer": row["answer"]}} for i, row in enumerate(rows)]
+
+
+def score(completion: str, verifier: dict) -> float:
+    return float(is_correct(completion, verifier["answer"]))
+
+
+def score_batch(completions: list[str], verifiers: list[dict]) -> list[float]:
+    """All of a batch in one round trip to the grading worker (`math_grader.grade_batch`)."""
+    pairs = [(text, verifier["answer"]) for text, verifier in zip(completions, verifiers, strict=True)]
+    return [float(correct) for correct in grade_batch(pairs)]
+
+
+TASK = TaskFamily(
+    name="math",
+    description="a registered math dataset (math:<name>), graded by math-verify like the math_accuracy reward",
+    answer_format="\\boxed{...}",
+    build_rows=build_rows,
+    score=score,
+    score_batch=score_batch,
+    variants=registered,
+)

@@ -1,4 +1,5 @@
-"""The figures of `poise probe-eval`: predicted vs empirical value per prompt, and the layer sweep."""
+"""The figures of `poise probe-eval`: predicted vs empirical value per prompt, the layer sweep, and the probe's
+transfer across tasks."""
 
 from __future__ import annotations
 
@@ -51,5 +52,35 @@ def plot_layer_sweep(path: Path, sweep: list[dict], references: dict[str, dict])
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_transfer(path: Path, transfer: dict, n: int) -> Path:
+    """Heatmap of the held-out Pearson of a probe fit on one task (row) and scored on another (column),
+    with Pearson and MAE printed in each cell; an undefined Pearson (a constant side) is grey, "n/a"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks, pearson, mae = transfer["tasks"], transfer["pearson"], transfer["mae"]
+    size = 1.6 + 1.3 * len(tasks)
+    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="lightgrey")
+    values = [[r if r is not None and math.isfinite(r) else math.nan for r in row] for row in pearson]
+    image = ax.imshow(values, cmap=cmap, vmin=-1, vmax=1)
+    for i, row in enumerate(values):
+        for j, r in enumerate(row):
+            text = "n/a" if math.isnan(r) else f"{r:.2f}"
+            ax.text(j, i, f"{text}\nMAE {mae[i][j]:.2f}", ha="center", va="center", fontsize=9,
+                    color="white" if abs(r) > 0.6 else "black")
+    ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(tasks)), tasks, fontsize=8)
+    ax.set_xlabel("evaluated on (held-out prompts)")
+    ax.set_ylabel("probe fit on (train prompts)")
+    ax.set_title(f"probe transfer: Pearson vs Avg@{n}", fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # long task names: grow the canvas, not clip them
     plt.close(fig)
     return path

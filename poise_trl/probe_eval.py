@@ -22,6 +22,10 @@ prompts it has never seen, and how does it compare with fine-tuning a separate v
    features, and a separate value model: an LM with a scalar head fine-tuned on (prompt, response) ->
    reward with MSE (seed 000, Sec. 3.1 and App. D.1, in spirit: the appendix is not public).
 5. A layer sweep, `report.json`, and two plots.
+6. On rows with a `task` column (a task, or a task mix): the split is drawn per task, every estimator is
+   also scored on each task's held-out prompts (`by_task`), and a transfer table fits the probe on one
+   task's train rollouts and scores it on every task's held-out prompts (the paper's claim that the
+   probe generalizes across verifiable tasks), with a third plot.
 """
 
 from __future__ import annotations
@@ -56,12 +60,12 @@ from poise_trl.generation import (
 )
 from poise_trl.loading import load_causal_lm
 from poise_trl.metrics import paired_bootstrap, value_metrics
-from poise_trl.plots import plot_layer_sweep, plot_predictions
+from poise_trl.plots import plot_layer_sweep, plot_predictions, plot_transfer
 from poise_trl.probe import LinearValueProbe
 from poise_trl.progress import progress_bars
 from poise_trl.provenance import package_versions, write_json, write_text
+from poise_trl.tasks import is_task, mix_entry, score_rows
 from poise_trl.tasks.math_grader import answer_to_str, is_correct
-from poise_trl.tasks import score_rows
 from poise_trl.value_model import load_value_model, predict_value_model, train_value_model
 
 # poise-spec: the reference run's max response; names `poise bench` knows use their budget (toy-arith: 96).
@@ -75,6 +79,9 @@ PROBE_VARIANTS = {  # which feature groups each probe sees (seed 000, Sec. 5 abl
     "probe_no_entropy": ("prompt", "response"),
 }
 VALUE_TARGETS = ("reward", "loo")
+# Prompts each side of a split needs: a probe's prompt PCA needs two prompts to vary, a Pearson two points.
+MIN_SIDE_PROMPTS = 2
+MIX_FILE_SUFFIXES = (".yaml", ".yml")
 
 
 class ProbeEvalError(ValueError):
@@ -86,7 +93,7 @@ class ProbeEvalSettings:
     """Everything a run depends on; `max_new_tokens=None` and `split=None` pick per-dataset defaults."""
 
     model: str
-    dataset: str
+    dataset: str | list  # see `resolve_dataset`; a list is a task mix (poise_trl.tasks.mix_rows)
     split: str | None = None
     columns: dict[str, str] | None = None  # {"question": ..., "answer": ...} when detection fails
     limit: int | None = None
@@ -114,22 +121,75 @@ class ProbeEvalSettings:
     engine: str = "auto"  # what samples the rollouts: auto, vllm or transformers (generation.resolve_engine)
 
 
-# ------------------------------------------------------------------------------------------- metrics
+# ---------------------------------------------------------------------------------------------- data
+
+
+def resolve_dataset(dataset: str | list) -> str | list:
+    """What `load_prompt_dataset` reads for `--dataset`: a YAML file (.yaml/.yml) gives its `dataset:` list, a
+    task mix in the recipe format; task names joined by `+` (`reasoning-gym:a+reasoning-gym:b`) are a mix of
+    equal weights; a list is a mix already; anything else (a name, file, folder or hub id) is itself."""
+    if isinstance(dataset, (list, tuple)):
+        return list(dataset)
+    path = Path(dataset)
+    if path.suffix in MIX_FILE_SUFFIXES:
+        return read_mix_file(path)
+    if "+" in dataset and not path.exists():
+        names = [name.strip() for name in dataset.split("+")]
+        if not all(names):
+            raise ProbeEvalError(f"--dataset {dataset!r} has an empty task name; join task names with '+', e.g. "
+                                 "reasoning-gym:leg_counting+reasoning-gym:chain_sum")
+        return names
+    return dataset
+
+
+def read_mix_file(path: Path) -> list:
+    """The `dataset:` list of a YAML file (a recipe's mix: task names or {name, weight, size, seed, config})."""
+    import yaml
+
+    if not path.is_file():
+        raise ProbeEvalError(f"--dataset {path}: no such mix file")
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ProbeEvalError(f"--dataset {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    mix = content.get("dataset") if isinstance(content, dict) else None
+    if not isinstance(mix, list) or not mix:
+        raise ProbeEvalError(f"--dataset {path} has no `dataset:` list; give one, e.g. dataset: "
+                             "[reasoning-gym:leg_counting, {name: reasoning-gym:chain_sum, weight: 2}]")
+    return mix
+
+
+def check_mix_size(source: str | list, limit: int | None) -> None:
+    """Weights share the prompts `--limit` asks for; without it each task gives its own default count, so
+    weights would be ignored without a word."""
+    if isinstance(source, list) and limit is None and len({mix_entry(entry).weight for entry in source}) > 1:
+        raise ProbeEvalError("--dataset: the mix's weights share the prompts of --limit; give --limit N")
 
 
 # ------------------------------------------------------------------------------------- split & rows
 
 
-def split_prompts(num_prompts: int, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """(train, held-out) prompt indices, sorted; a seeded permutation, so no prompt is on both sides."""
-    heldout = round(heldout_fraction * num_prompts)
-    if heldout < 2 or num_prompts - heldout < 2:
+def split_prompts(num_prompts: int, heldout_fraction: float, seed: int,
+                  tasks: Sequence[str] | None = None) -> tuple[list[int], list[int]]:
+    """(train, held-out) prompt indices, sorted; a seeded permutation, so no prompt is on both sides.
+
+    With `tasks` (each prompt's task) every task is split on its own, the same way: each task of a mix then
+    keeps its share of held-out prompts, and one task alone splits exactly as untagged rows do.
+    """
+    tasks = list(tasks) if tasks is not None else [None] * num_prompts
+    train, heldout = [], []
+    for task in dict.fromkeys(tasks):
+        indices = [i for i, t in enumerate(tasks) if t == task]
+        cut = round(heldout_fraction * len(indices))
+        perm = torch.randperm(len(indices), generator=torch.Generator().manual_seed(seed)).tolist()
+        heldout += [indices[j] for j in perm[:cut]]
+        train += [indices[j] for j in perm[cut:]]
+    if min(len(train), len(heldout)) < MIN_SIDE_PROMPTS:
         raise ProbeEvalError(
-            f"{num_prompts} prompts with --heldout-fraction {heldout_fraction} leave {num_prompts - heldout} train "
-            f"and {heldout} held-out prompts; both sides need at least 2 (use more prompts)"
+            f"{num_prompts} prompts with --heldout-fraction {heldout_fraction} leave {len(train)} train "
+            f"and {len(heldout)} held-out prompts; both sides need at least {MIN_SIDE_PROMPTS} (use more prompts)"
         )
-    perm = torch.randperm(num_prompts, generator=torch.Generator().manual_seed(seed)).tolist()
-    return sorted(perm[heldout:]), sorted(perm[:heldout])
+    return sorted(train), sorted(heldout)
 
 
 def rollout_rows(prompts: Sequence[int], n: int) -> torch.Tensor:
@@ -352,6 +412,12 @@ def probe_dims(requested_prompt: int, requested_response: int, train_prompts: in
     return min(requested_prompt, max(1, train_prompts // 64)), min(requested_response, max(1, train_rows // 64))
 
 
+def probe_settings(settings: ProbeEvalSettings, train_prompts: int, n: int) -> dict:
+    """LinearValueProbe arguments for a probe fit on `train_prompts` prompts' n rollouts each."""
+    kp, kr = probe_dims(settings.prompt_components, settings.response_components, train_prompts, train_prompts * n)
+    return {"prompt_components": kp, "response_components": kr, "ridge_alpha": settings.ridge_alpha}
+
+
 def select_features(features: RolloutFeatures, keep: Sequence[str]) -> RolloutFeatures:
     """Zero the feature groups not in `keep`: the probe drops constant columns, so a zeroed group is
     exactly a probe without it."""
@@ -443,6 +509,80 @@ def evaluate_estimators(
     return metrics, prompts, empirical
 
 
+def task_sides(prompt_tasks: Sequence[str], train_prompts: list[int],
+               heldout_prompts: list[int]) -> dict[str, tuple[list[int], list[int]]]:
+    """Each task's (train, held-out) prompts, tasks in sorted order."""
+    return {task: ([p for p in train_prompts if prompt_tasks[p] == task],
+                   [p for p in heldout_prompts if prompt_tasks[p] == task]) for task in sorted(set(prompt_tasks))}
+
+
+def task_skip_reason(train_prompts: int, heldout_prompts: int) -> str | None:
+    """Why a task of a mix gets no per-task analysis, or None when it can have one."""
+    if train_prompts < MIN_SIDE_PROMPTS:
+        return (f"{train_prompts} train prompt(s): its own probe needs at least {MIN_SIDE_PROMPTS} "
+                "(raise --limit or the task's weight)")
+    if heldout_prompts < MIN_SIDE_PROMPTS:
+        return (f"{heldout_prompts} held-out prompt(s): its metrics need at least {MIN_SIDE_PROMPTS} "
+                "(raise --limit, the task's weight or --heldout-fraction)")
+    return None
+
+
+def evaluate_transfer(features: RolloutFeatures, rewards: torch.Tensor, sides: dict[str, tuple[list[int], list[int]]],
+                      n: int, settings: ProbeEvalSettings) -> dict[str, dict[str, dict]]:
+    """{A: {B: prompt-level metrics}}: the probe fit on task A's train rollouts alone (PCA dims sized to
+    them), scored on task B's held-out prompts; A == B is the within-task probe."""
+    loo = leave_one_out_targets(rewards, n)
+    table = {}
+    for source, (train, _) in sides.items():
+        rows = rollout_rows(train, n)
+        probe = LinearValueProbe(**probe_settings(settings, len(train), n)).fit(features[rows], loo[rows])
+        table[source] = {}
+        for target, (_, heldout) in sides.items():
+            rows = rollout_rows(heldout, n)
+            table[source][target] = value_metrics(per_prompt_mean(probe.predict(features[rows]), n),
+                                                  per_prompt_mean(rewards[rows], n))
+    return table
+
+
+def evaluate_by_task(
+    features: RolloutFeatures, rewards: torch.Tensor, prompt_tasks: Sequence[str], train_prompts: list[int],
+    heldout_prompts: list[int], prompt_predictions: dict[str, torch.Tensor], empirical: torch.Tensor, n: int,
+    settings: ProbeEvalSettings,
+) -> tuple[dict, dict]:
+    """(by_task, transfer). Per task: the pooled estimators scored on the task's held-out prompts, with two
+    more that know the task: `task_mean` (its train mean) and `probe_task_only` (fit on its train prompts);
+    a task too small for that is reported with the reason instead. The transfer table covers the others."""
+    by_task, analysable = {}, {}
+    for task, (train, heldout) in task_sides(prompt_tasks, train_prompts, heldout_prompts).items():
+        record = {"train_prompts": len(train), "heldout_prompts": len(heldout),
+                  "mean_reward": float(rewards[rollout_rows(train + heldout, n)].mean())}
+        by_task[task] = record
+        reason = task_skip_reason(len(train), len(heldout))
+        if reason:
+            record["skipped"] = reason
+            continue
+        analysable[task] = (train, heldout)
+        positions = torch.tensor([j for j, p in enumerate(heldout_prompts) if prompt_tasks[p] == task])
+        target = empirical[positions]
+        task_mean = torch.full((len(heldout),), float(rewards[rollout_rows(train, n)].mean()))
+        predictions = {name: pred[positions] for name, pred in prompt_predictions.items()} | {"task_mean": task_mean}
+        record["heldout_mean_avg_at_n"] = float(target.mean())
+        record["estimators"] = {name: value_metrics(pred, target) for name, pred in predictions.items()}
+    table = evaluate_transfer(features, rewards, analysable, n, settings)
+    for task in analysable:
+        by_task[task]["estimators"]["probe_task_only"] = table[task][task]
+    tasks = list(analysable)
+    transfer = {
+        "tasks": tasks,
+        "pearson": [[table[a][b]["pearson"] for b in tasks] for a in tasks],
+        "mae": [[table[a][b]["mae"] for b in tasks] for a in tasks],
+        "protocol": (f"Row A, column B: the probe fit on task A's train rollouts alone (leave-one-out targets), "
+                     f"scored on task B's held-out prompts (mean of its {n} rollout predictions vs Avg@{n}); the "
+                     "diagonal is within-task. Tasks too small for their own probe are left out (by_task says why)."),
+    }
+    return by_task, transfer
+
+
 # ---------------------------------------------------------------------------------------- the run
 
 
@@ -505,22 +645,27 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
     sweep_blocks = list(dict.fromkeys(resolve_layer_index(num_layers, x) for x in (s.layers or default_sweep(num_layers))))
     blocks = sorted({main_block, *sweep_blocks})
 
-    # A registered dataset is evaluated on its held-out split (toy-arith: the 200 test problems).
-    split = s.split or (held_out_split(s.dataset) if s.dataset in DATASETS else None)
+    # A registered dataset is evaluated on its held-out split (toy-arith: the 200 test problems), a task or
+    # mix on its test rows (as `poise bench`): the rows a policy trained on the task has not seen.
+    source = resolve_dataset(s.dataset)
+    check_mix_size(source, s.limit)
+    registered = isinstance(source, str) and source in DATASETS
+    split = s.split or ("test" if is_task(source) else held_out_split(source) if registered else None)
     with _quiet_datasets():
-        dataset = load_prompt_dataset(s.dataset, split=split, columns=s.columns, prompt_suffix=s.prompt_suffix,
+        dataset = load_prompt_dataset(source, split=split, columns=s.columns, prompt_suffix=s.prompt_suffix,
                                       system_prompt=s.system_prompt, limit=s.limit, seed=s.seed,
                                       column_option="--{role}-column COLUMN")
     n = s.n_samples
-    max_new_tokens = s.max_new_tokens or (BENCHMARKS[s.dataset].max_new_tokens if s.dataset in BENCHMARKS
-                                          else DEFAULT_MAX_NEW_TOKENS)
-    sampling = {"model": model_path, "model_fingerprint": model_fingerprint(model_path), "dataset": s.dataset,
+    benchmark = BENCHMARKS.get(source) if isinstance(source, str) else None
+    max_new_tokens = s.max_new_tokens or (benchmark.max_new_tokens if benchmark else DEFAULT_MAX_NEW_TOKENS)
+    sampling = {"model": model_path, "model_fingerprint": model_fingerprint(model_path), "dataset": source,
                 "split": split, "limit": s.limit, "data_fingerprint": data_fingerprint(dataset), "n_samples": n,
                 "temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": max_new_tokens, "seed": s.seed}
     output_dir = Path(s.output_dir)
     cache_dir = output_dir / "cache" / _hash(sampling)
     split_seed = s.seed if s.split_seed is None else s.split_seed
-    train_prompts, heldout_prompts = split_prompts(len(dataset), s.heldout_fraction, split_seed)
+    prompt_tasks = list(dataset["task"]) if "task" in dataset.column_names else None
+    train_prompts, heldout_prompts = split_prompts(len(dataset), s.heldout_fraction, split_seed, prompt_tasks)
     value_path = resolve_model(s.value_model) if s.value_model else model_path
     policy = Policy(model_path, s.engine)
 
@@ -541,16 +686,18 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
             cache_dir, policy, groups, value_targets, train_prompts, heldout_prompts, s, value_path, progress)
         timing["value_model_seconds"] = round(time.time() - t0, 2)
 
-    kp, kr = probe_dims(s.prompt_components, s.response_components, len(train_prompts), len(train_prompts) * n)
-    probe_settings = {"prompt_components": kp, "response_components": kr, "ridge_alpha": s.ridge_alpha}
+    pooled_probe = probe_settings(s, len(train_prompts), n)
     with one_cpu_thread():
         estimators, prompt_predictions, empirical = evaluate_estimators(
-            features[main_block], rewards, value_pred, train_prompts, heldout_prompts, n, probe_settings)
+            features[main_block], rewards, value_pred, train_prompts, heldout_prompts, n, pooled_probe)
         sweep = [{"block": block, "depth": (block + 1) / num_layers, "metrics": evaluate_probe(
-                      features[block], rewards, train_prompts, heldout_prompts, n, probe_settings)}
+                      features[block], rewards, train_prompts, heldout_prompts, n, pooled_probe)}
                  for block in sweep_blocks]
         comparison = paired_bootstrap(prompt_predictions["probe"], prompt_predictions["value_model"], empirical,
                                       seed=s.seed)
+        by_task, transfer = evaluate_by_task(
+            features[main_block], rewards, prompt_tasks, train_prompts, heldout_prompts, prompt_predictions,
+            empirical, n, s) if prompt_tasks else (None, None)
 
     prompt_metrics = {name: e["prompt_level"] for name, e in estimators.items()}
     plots = {
@@ -561,10 +708,12 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
             output_dir / "layer_sweep.png", sweep,
             {k: prompt_metrics[k] for k in ("value_model", "constant")})),
     }
+    if transfer and transfer["tasks"]:
+        plots["transfer"] = str(plot_transfer(output_dir / "transfer.png", transfer, n))
     all_rollouts = [r for g in groups for r in g["rollouts"]]
     report = {
-        "settings": asdict(s) | {"model_path": model_path, "split": split, "max_new_tokens": max_new_tokens,
-                                 "value_model": value_path},
+        "settings": asdict(s) | {"model_path": model_path, "dataset_source": source, "split": split,
+                                 "max_new_tokens": max_new_tokens, "value_model": value_path},
         "model": {"num_layers": num_layers, "main_block": main_block, "sweep_blocks": sweep_blocks},
         "rollouts_generated_with": policy.sampled_with,  # None: read from the cache
         "cache": {"dir": str(cache_dir), "rollouts": "sampled" if sampled else "reused",
@@ -577,16 +726,19 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
             "mean_completion_tokens": sum(r["num_tokens"] for r in all_rollouts) / len(all_rollouts),
             "truncated_fraction": sum(r["truncated"] for r in all_rollouts) / len(all_rollouts),
         },
-        "protocol": (f"Split by prompt ({len(train_prompts)} train / {len(heldout_prompts)} held out). Probes are fit "
-                     "on train rollouts with leave-one-out targets; the value model on train (prompt, response) -> "
-                     f"{s.value_target}. Every estimator predicts each held-out rollout; prompt_level averages the "
-                     f"{n} predictions of a prompt and compares with its empirical Avg@{n}; rollout_level compares "
-                     "single-rollout predictions with the leave-one-out target."),
-        "probe": {"block": main_block, **probe_settings},
+        "protocol": (f"Split by prompt{', within each task' if prompt_tasks else ''} ({len(train_prompts)} train / "
+                     f"{len(heldout_prompts)} held out). Probes are fit on train rollouts with leave-one-out "
+                     f"targets; the value model on train (prompt, response) -> {s.value_target}. Every estimator "
+                     f"predicts each held-out rollout; prompt_level averages the {n} predictions of a prompt and "
+                     f"compares with its empirical Avg@{n}; rollout_level compares single-rollout predictions with "
+                     "the leave-one-out target."),
+        "probe": {"block": main_block, **pooled_probe},
         "estimators": estimators,
         "probe_minus_value_model": comparison,
         "value_model": value_info,
         "layer_sweep": sweep,
+        "by_task": by_task,  # None without a `task` column
+        "transfer": transfer,
         "split": {"seed": split_seed, "train": train_prompts, "heldout": heldout_prompts},
         "plots": plots,
         "timing": timing | {"total_seconds": round(time.time() - started, 2)},

@@ -1,6 +1,7 @@
 """`poise probe-eval`: metrics against hand-computed values, the prompt-level split, the rollout/feature/
-value-model cache, and one-line CLI errors. Pipeline runs use the untrained 2-layer model with 2 short
-rollouts per prompt; grading is replaced by a deterministic coin so that rewards vary."""
+value-model cache, task mixes (per-task metrics and the probe's transfer between tasks), and one-line CLI
+errors. Pipeline runs use the untrained 2-layer model with 2 short rollouts per prompt; grading is replaced
+by a deterministic coin so that rewards vary."""
 
 from __future__ import annotations
 
@@ -18,8 +19,14 @@ from typer.testing import CliRunner
 from poise_trl import metrics
 from poise_trl import probe_eval as pe
 from poise_trl.cli.probe_eval import probe_eval as probe_eval_command
+from poise_trl.estimators import leave_one_out_targets
+from poise_trl.features import RolloutFeatures
 from poise_trl.generation import TransformersEngine
+from poise_trl.probe import LinearValueProbe
+from poise_trl.tasks import TaskError
 
+CHAIN_SUM, LEG_COUNTING = "reasoning-gym:chain_sum", "reasoning-gym:leg_counting"
+SHORT = "config: {system_prompt: direct}"  # reasoning-gym's shortest system prompt: shorter sequences to embed
 QUESTIONS = [f"What is {a} plus {b}?" for a, b in ((3, 4), (12, 30), (5, 9), (7, 7), (21, 8), (6, 1), (40, 2), (9, 9))]
 
 
@@ -42,8 +49,14 @@ def sampler_calls(monkeypatch) -> list[dict]:
         return real(engine, *args, **kwargs)
 
     monkeypatch.setattr(TransformersEngine, "sample", counting)
-    monkeypatch.setattr(pe, "is_correct", lambda text, gold: zlib.crc32(text.encode()) % 2 == 0)
+    monkeypatch.setattr(pe, "is_correct", lambda text, gold: hash_coin(text))
+    # Task rows are graded by their verifier (tasks.score_rows), never by is_correct.
+    monkeypatch.setattr(pe, "score_rows", lambda texts, tasks, verifiers: [float(hash_coin(t)) for t in texts])
     return calls
+
+
+def hash_coin(text: str) -> bool:
+    return zlib.crc32(text.encode()) % 2 == 0
 
 
 def settings(model, data, out, **kwargs) -> pe.ProbeEvalSettings:
@@ -108,6 +121,95 @@ def test_split_is_by_prompt_and_seeded():
         pe.split_prompts(4, 0.2, seed=0)
 
 
+def test_a_mix_splits_each_task_on_its_own():
+    tasks = ["a", "b"] * 6 + ["a"] * 8 + ["c"]  # a: 14 prompts, b: 6, c: 1
+    train, heldout = pe.split_prompts(len(tasks), 0.3, seed=3, tasks=tasks)
+    assert sorted(train + heldout) == list(range(len(tasks))) and not set(train) & set(heldout)
+    assert [sum(tasks[p] == t for p in heldout) for t in "abc"] == [4, 2, 0]  # round(0.3 x prompts) of each
+    # One task alone splits exactly as untagged prompts do: reports on one task keep their split.
+    assert pe.split_prompts(10, 0.3, seed=3, tasks=["a"] * 10) == pe.split_prompts(10, 0.3, seed=3)
+
+
+def test_dataset_option_reads_task_mixes(tmp_path):
+    assert pe.resolve_dataset(f"{CHAIN_SUM}+{LEG_COUNTING}") == [CHAIN_SUM, LEG_COUNTING]
+    assert pe.resolve_dataset("toy-arith") == "toy-arith" and pe.resolve_dataset(CHAIN_SUM) == CHAIN_SUM
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(f"dataset:\n  - {CHAIN_SUM}\n  - {{name: {LEG_COUNTING}, weight: 3}}\n")
+    assert pe.resolve_dataset(str(mix)) == [CHAIN_SUM, {"name": LEG_COUNTING, "weight": 3}]
+    plus_file = tmp_path / "a+b.jsonl"  # a file whose name holds a '+' is a file
+    plus_file.write_text("")
+    assert pe.resolve_dataset(str(plus_file)) == str(plus_file)
+
+    (tmp_path / "no_list.yaml").write_text(f"dataset: {CHAIN_SUM}\n")
+    with pytest.raises(pe.ProbeEvalError, match="no `dataset:` list"):
+        pe.resolve_dataset(str(tmp_path / "no_list.yaml"))
+    with pytest.raises(pe.ProbeEvalError, match="no such mix file"):
+        pe.resolve_dataset(str(tmp_path / "missing.yml"))
+    with pytest.raises(pe.ProbeEvalError, match="empty task name"):
+        pe.resolve_dataset(f"{CHAIN_SUM}+")
+    with pytest.raises(pe.ProbeEvalError, match="give --limit"):  # weights share --limit; without it, ignored
+        pe.check_mix_size(pe.resolve_dataset(str(mix)), limit=None)
+    pe.check_mix_size(pe.resolve_dataset(str(mix)), limit=8)
+    pe.check_mix_size([CHAIN_SUM, LEG_COUNTING], limit=None)  # equal weights: each task's own default count
+    with pytest.raises(TaskError, match="did you mean 'reasoning-gym'"):
+        pe.check_mix_size(["reasoning-gymm:chain_sum", {"name": CHAIN_SUM, "weight": 2}], limit=None)
+
+
+def synthetic_mix(n: int = 4) -> tuple[RolloutFeatures, torch.Tensor, list[str]]:
+    """Two tasks whose value is read off the same prompt direction with opposite signs ("up": v = x,
+    "down": v = 1 - x), and a one-prompt task; k of a prompt's n rollouts succeed, k = round(n v)."""
+    generator = torch.Generator().manual_seed(0)
+    tasks = ["up", "down"] * 16 + ["tiny"]
+    x = torch.rand(len(tasks), generator=generator)
+    value = torch.where(torch.tensor([t == "down" for t in tasks]), 1 - x, x)
+    successes = (value * n).round().long()
+    rewards = (torch.arange(n)[None, :] < successes[:, None]).float().flatten()
+    prompt = torch.cat([10 * x[:, None], 0.01 * torch.randn(len(tasks), 3, generator=generator)], 1)
+    rows = len(tasks) * n
+    features = RolloutFeatures(prompt.repeat_interleave(n, 0), 0.01 * torch.randn(rows, 4, generator=generator),
+                               0.01 * torch.rand(rows, 3, generator=generator))
+    return features, rewards, tasks
+
+
+def test_transfer_fits_on_one_task_and_scores_every_task():
+    n = 4
+    features, rewards, tasks = synthetic_mix(n)
+    train, heldout = pe.split_prompts(len(tasks), 0.3, seed=0, tasks=tasks)
+    settings = pe.ProbeEvalSettings(model="m", dataset="d", n_samples=n, ridge_alpha=1.0)
+    empirical = pe.per_prompt_mean(rewards[pe.rollout_rows(heldout, n)], n)
+    pooled_mean = float(rewards[pe.rollout_rows(train, n)].mean())
+    predictions = {"constant": torch.full((len(heldout),), pooled_mean), "oracle": empirical.clone()}
+    by_task, transfer = pe.evaluate_by_task(features, rewards, tasks, train, heldout, predictions, empirical, n,
+                                            settings)
+
+    assert transfer["tasks"] == ["down", "up"]  # sorted; the one-prompt task is left out
+    (down_down, down_up), (up_down, up_up) = transfer["pearson"]
+    assert up_up > 0.9 and down_down > 0.9  # within task, the direction is learnt
+    assert up_down < -0.9 and down_up < -0.9  # across tasks it points the wrong way: transfer fails
+    assert transfer["mae"][1][1] < transfer["mae"][1][0]
+    # Rows are the task the probe was fit on: refit on "up" by hand, score on "down"'s held-out prompts.
+    up_train = pe.rollout_rows([p for p in train if tasks[p] == "up"], n)
+    down_heldout = pe.rollout_rows([p for p in heldout if tasks[p] == "down"], n)
+    probe = LinearValueProbe(**pe.probe_settings(settings, 11, n))
+    probe.fit(features[up_train], leave_one_out_targets(rewards, n)[up_train])
+    assert up_down == pytest.approx(metrics.pearson(pe.per_prompt_mean(probe.predict(features[down_heldout]), n),
+                                                    pe.per_prompt_mean(rewards[down_heldout], n)))
+
+    assert by_task["tiny"] == {"train_prompts": 1, "heldout_prompts": 0, "mean_reward": pytest.approx(
+        float(rewards[-n:].mean())), "skipped": by_task["tiny"]["skipped"]}
+    assert by_task["tiny"]["skipped"].startswith("1 train prompt(s): its own probe needs at least 2")
+    up = by_task["up"]
+    mine = [p for p in heldout if tasks[p] == "up"]
+    assert (up["train_prompts"], up["heldout_prompts"]) == (11, len(mine)) == (11, 5)
+    assert set(up["estimators"]) == {"constant", "oracle", "task_mean", "probe_task_only"}
+    assert up["estimators"]["oracle"]["mae"] == 0 and up["estimators"]["probe_task_only"]["pearson"] == up_up
+    own_mean = float(rewards[pe.rollout_rows([p for p in train if tasks[p] == "up"], n)].mean())
+    up_empirical = pe.per_prompt_mean(rewards[pe.rollout_rows(mine, n)], n)
+    assert up["estimators"]["task_mean"]["mae"] == pytest.approx(float((up_empirical - own_mean).abs().mean()))
+    assert up["estimators"]["constant"]["mae"] == pytest.approx(float((up_empirical - pooled_mean).abs().mean()))
+    assert up["heldout_mean_avg_at_n"] == pytest.approx(float(up_empirical.mean()))
+
+
 def test_probe_dims_keep_the_spec_at_the_reference_buffer_and_shrink_below():
     assert pe.probe_dims(32, 64, train_prompts=2048, train_rows=4096) == (32, 64)  # poise-spec's buffer
     assert pe.probe_dims(32, 64, train_prompts=140, train_rows=1120) == (2, 17)  # toy-arith, 8 rollouts
@@ -160,6 +262,19 @@ def test_pipeline_report_and_cache(tmp_path, toy_file, tiny_random_model_dir, sa
     assert changed["cache"]["rollouts"] == "sampled" and changed["cache"]["dir"] != report["cache"]["dir"]
 
 
+def test_a_task_too_small_for_a_probe_is_reported_as_skipped(tmp_path, tiny_random_model_dir, sampler_calls):
+    mix = tmp_path / "mix.yaml"  # 10 prompts shared 9:1, so chain_sum gets 1: a train prompt, none held out
+    mix.write_text(f"dataset:\n  - {{name: {LEG_COUNTING}, weight: 9, {SHORT}}}\n  - {{name: {CHAIN_SUM}, {SHORT}}}\n")
+    report = pe.run_probe_eval(settings(tiny_random_model_dir, mix, tmp_path / "out", limit=10, layers=[1]),
+                               show_progress=False)
+    assert [entry["name"] for entry in report["settings"]["dataset_source"]] == [LEG_COUNTING, CHAIN_SUM]
+    small, large = report["by_task"][CHAIN_SUM], report["by_task"][LEG_COUNTING]
+    assert (small["train_prompts"], small["heldout_prompts"]) == (1, 0) and "estimators" not in small
+    assert small["skipped"].startswith("1 train prompt(s): its own probe needs at least 2")
+    assert (large["train_prompts"], large["heldout_prompts"]) == (6, 3) and "skipped" not in large
+    assert report["transfer"]["tasks"] == [LEG_COUNTING] and len(report["transfer"]["mae"]) == 1
+
+
 # ----------------------------------------------------------------------------------------------- CLI
 
 
@@ -193,6 +308,36 @@ def test_cli_prints_the_table(tmp_path, toy_file, tiny_random_model_dir, sampler
     assert [row["block"] for row in report["layer_sweep"]] == [0, 1]
 
 
+def test_cli_on_a_task_mix_prints_per_task_and_transfer_tables(tmp_path, tiny_random_model_dir, sampler_calls):
+    out, mix = tmp_path / "out", tmp_path / "mix.yaml"  # equal weights: 10 prompts each
+    mix.write_text(f"dataset:\n  - {{name: {CHAIN_SUM}, {SHORT}}}\n  - {{name: {LEG_COUNTING}, {SHORT}}}\n")
+    result, output = cli("--model", tiny_random_model_dir, "--dataset", mix, "--limit", 20,
+                         "-n", 2, "--max-new-tokens", 4, "--value-epochs", 1, "--layers", "1", "-o", out,
+                         "--no-progress")
+    assert result.exit_code == 0, output
+    assert "per task" in output and "transfer" in output and "task-only" in output
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["split"] == "test"  # a task's held-out rows, as in `poise bench`
+    assert set(report["by_task"]) == {CHAIN_SUM, LEG_COUNTING}
+    transfer = report["transfer"]
+    assert transfer["tasks"] == [CHAIN_SUM, LEG_COUNTING]
+    assert [len(row) for row in transfer["mae"]] == [len(row) for row in transfer["pearson"]] == [2, 2]
+    assert all(0 <= mae <= 1 for row in transfer["mae"] for mae in row)
+    assert report["plots"]["transfer"] == str(out / "transfer.png") and (out / "transfer.png").is_file()
+
+    # Each task's numbers agree with its cached rollouts: its share of the split, its own train mean.
+    groups = [json.loads(line) for line in (Path(report["cache"]["dir"]) / "rollouts.jsonl").read_text().splitlines()]
+    for i, (task, record) in enumerate(report["by_task"].items()):
+        train = [p for p in report["split"]["train"] if groups[p]["task"] == task]
+        heldout = [p for p in report["split"]["heldout"] if groups[p]["task"] == task]
+        assert (record["train_prompts"], record["heldout_prompts"]) == (len(train), len(heldout)) == (7, 3)
+        train_mean = sum(r["reward"] for p in train for r in groups[p]["rollouts"]) / (2 * len(train))
+        empirical = [sum(r["reward"] for r in groups[p]["rollouts"]) / 2 for p in heldout]
+        assert record["estimators"]["task_mean"]["mae"] == pytest.approx(
+            sum(abs(train_mean - e) for e in empirical) / len(empirical))
+        assert record["estimators"]["probe_task_only"]["mae"] == transfer["mae"][i][i]
+
+
 def test_cli_errors_are_one_line_and_come_before_sampling(tmp_path, tiny_random_model_dir, sampler_calls):
     no_answers = tmp_path / "questions.jsonl"
     no_answers.write_text("".join(json.dumps({"question": q}) + "\n" for q in QUESTIONS))
@@ -202,4 +347,6 @@ def test_cli_errors_are_one_line_and_come_before_sampling(tmp_path, tiny_random_
     assert_one_line_error(*cli(*common, "--dataset", "toy-arith", "--layer", "1.5"), "layer 1.5 is out of range")
     assert_one_line_error(*cli(*common, "--dataset", "toy-arith", "-n", 1), "--n-samples must be >= 2")
     assert_one_line_error(*cli("--dataset", "toy-arith"), "--model")
+    assert_one_line_error(*cli(*common, "--dataset", f"{CHAIN_SUM}+toy-arith"), "unknown task 'toy-arith'")
+    assert_one_line_error(*cli(*common, "--dataset", tmp_path / "mix.yaml"), "no such mix file")
     assert not sampler_calls

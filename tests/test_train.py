@@ -4,7 +4,8 @@ import json
 import shutil
 
 import pytest
-from helpers import VARYING_REWARD, assert_saved_weights_moved
+import torch
+from helpers import VARYING_REWARD, assert_saved_weights_moved, saved_tensors
 
 from poise_trl.recipe import RecipeError, load_recipe
 from poise_trl.train import train_from_recipe
@@ -115,8 +116,17 @@ def test_interrupted_budget_run_resumes_with_its_curve_and_counters(tmp_path, ti
     assert resumed["generated_rollouts"] == 8
     assert_saved_weights_moved(tiny_random_model_dir, out / "final")
     assert [p["step"] for p in resumed["heldout_history"]] == [0, 1, 2]
-    # the resumed run draws what the uninterrupted one drew: same tokens, same held-out curve
+    # the resumed run draws and learns what the uninterrupted one did: same tokens, same losses, the same final
+    # weights and optimizer state bit for bit (the weights moved, so a resume that lost a step would differ)
     assert resumed["generated_tokens"] == whole["generated_tokens"]
+    losses = [[e["loss"] for e in run["train_log"] if "loss" in e] for run in (whole, resumed)]
+    assert losses[0] == losses[1] and len(losses[0]) == 2
+    whole_weights, resumed_weights = saved_tensors(tmp_path / "whole" / "final"), saved_tensors(out / "final")
+    assert all(torch.equal(whole_weights[name], resumed_weights[name]) for name in whole_weights)
+    optimizers = [torch.load(run / "checkpoint-2" / "optimizer.pt", weights_only=False)["state"]
+                  for run in (tmp_path / "whole", out)]
+    assert all(torch.equal(optimizers[0][i][key], optimizers[1][i][key])
+               for i in optimizers[0] for key in ("exp_avg", "exp_avg_sq"))
     assert [p["accuracy"] for p in resumed["heldout_history"]] == [p["accuracy"] for p in whole["heldout_history"]]
     assert resumed["train_seconds"] > first["train_seconds"]
     # resuming from the checkpoint written when the budget ran out (killed before the summary) trains nothing more

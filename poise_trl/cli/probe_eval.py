@@ -26,12 +26,17 @@ def probe_eval(
     ),
     dataset: str = typer.Option(
         None, "--dataset", "-d", help="Registered name (toy-arith, math-500, ...), a local json/jsonl/parquet/csv file or folder "
-        "(save_to_disk too), or a hub id (math-500 and the other registered math sets come from the hub). Required."
+        "(save_to_disk too), a hub id (math-500 and the other registered math sets come from the hub), a task "
+        "(reasoning-gym:leg_counting), or a task mix: task names joined by + (reasoning-gym:leg_counting+reasoning-gym:"
+        "chain_sum, equal weights) or a YAML file with a recipe's `dataset:` list (names or {name, weight, seed, "
+        "config}; weights share --limit). Tasks use their test rows. Required."
     ),
-    split: str = typer.Option(None, help="Split (default: a registered dataset's held-out split, toy-arith: test)."),
+    split: str = typer.Option(None, help="Split (default: a registered dataset's held-out split, toy-arith: test; "
+                             "a task's or mix's test rows)."),
     question_column: str = typer.Option(None, "--question-column", help="Column of the questions, when not detected (dotted for nested fields; body+question joins two)."),
     answer_column: str = typer.Option(None, "--answer-column", help="Column of the gold answers, when not detected (dotted for nested fields, e.g. reward_model.ground_truth)."),
-    limit: int = typer.Option(None, help="Use a random subset of this many prompts (seeded)."),
+    limit: int = typer.Option(None, help="Use a random subset of this many prompts (seeded); for a mix, the prompts "
+                              "of all its tasks together."),
     prompt_suffix: str = typer.Option(None, "--prompt-suffix", help="Appended to every question."),
     system_prompt: str = typer.Option(None, "--system-prompt", help="System message before every question."),
     n_samples: int = typer.Option(8, "--n-samples", "-n", help="Rollouts per prompt (Avg@n)."),
@@ -76,7 +81,8 @@ def probe_eval(
     """Can a probe on the policy's internal states predict the value of unseen prompts? (seed 000, Sec. 3.1)
 
     Samples and caches rollouts, fits the POISE probe on train prompts, and compares it on held-out prompts
-    with a fine-tuned value model, ablated probes and a constant; writes report.json and plots.
+    with a fine-tuned value model, ablated probes and a constant; writes report.json and plots. On a task mix,
+    also per task, and a transfer table: the probe fit on one task, scored on each other task.
     """
     # Imported here, not at the top: `poise --help` and the other commands should not load torch for us.
     from poise_trl import probe_eval as lib
@@ -134,6 +140,9 @@ def _print_report(report: dict, output_dir: Path) -> None:
         sweep.add_row(str(row["block"]), f"{row['depth']:.2f}", _fmt(m["pearson"]), _fmt(m["mae"]), _fmt(m["spearman"]))
     console.print(sweep)
 
+    if report.get("by_task"):
+        _print_tasks(report)
+
     diff = report["probe_minus_value_model"]
     for metric in ("pearson", "mae"):
         ci = diff[metric]["ci95"] or [None, None]
@@ -145,3 +154,43 @@ def _print_report(report: dict, output_dir: Path) -> None:
         f"value model {cache['value_model']}; mean reward {data['mean_reward']:.3f}, "
         f"{report['timing']['total_seconds']:.1f} s", highlight=False)
     console.print(f"report: {output_dir / 'report.json'}; plots: {', '.join(report['plots'].values())}", highlight=False)
+
+
+_TASK_COLUMNS = {  # estimator -> column label of the per-task table
+    "probe": "probe",
+    "probe_task_only": "task-only probe",
+    "value_model": "value model",
+    "task_mean": "task mean",
+}
+
+
+def _print_tasks(report: dict) -> None:
+    """The per-task table (Pearson / MAE of each estimator on the task's held-out prompts) and the transfer table."""
+    n = report["data"]["rollouts_per_prompt"]
+    table = Table(title=f"per task: Pearson / MAE vs Avg@{n} on each task's held-out prompts")
+    for column in ("task", "train / held-out", f"Avg@{n}", *_TASK_COLUMNS.values()):
+        table.add_column(column, justify="left" if column == "task" else "right")
+    skipped = []
+    for task, record in report["by_task"].items():
+        sizes = f"{record['train_prompts']} / {record['heldout_prompts']}"
+        if "skipped" in record:
+            skipped.append(f"{task}: skipped, {record['skipped']}")
+            table.add_row(escape(task), sizes, "", *["skipped"] * len(_TASK_COLUMNS))
+            continue
+        metrics = record["estimators"]
+        table.add_row(escape(task), sizes, _fmt(record["heldout_mean_avg_at_n"]),
+                      *(f"{_fmt(metrics[k]['pearson'])} / {_fmt(metrics[k]['mae'])}" for k in _TASK_COLUMNS))
+    console.print(table)
+    for line in skipped:
+        console.print(line, markup=False, highlight=False)
+
+    transfer = report["transfer"]
+    if not transfer["tasks"]:
+        return
+    table = Table(title="transfer: probe fit on the row's task, Pearson / MAE on the column's held-out prompts")
+    table.add_column("probe fit on")
+    for task in transfer["tasks"]:
+        table.add_column(escape(task), justify="right")
+    for task, pearsons, maes in zip(transfer["tasks"], transfer["pearson"], transfer["mae"], strict=True):
+        table.add_row(escape(task), *(f"{_fmt(r)} / {_fmt(m)}" for r, m in zip(pearsons, maes, strict=True)))
+    console.print(table)

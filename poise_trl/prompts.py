@@ -478,8 +478,8 @@ def load_prompt_dataset(
     `seed` seeds the generator and `limit` is the number of rows generated. Golds pass through
     `tasks.math_grader.normalize_gold_answer`. `column_option` is how errors tell the user to name a column, with
     `{role}` for question or answer (`poise bench` passes `--{role}-column COLUMN`). A task name
-    (`reasoning-gym:leg_counting`, see `poise_trl.tasks`) gives that family's rows for `split` ("test", else
-    train), `limit` of them, seeded by `seed`, with `task_config` as the family's config. A list is a task
+    (`reasoning-gym:leg_counting`, see `poise_trl.tasks`) gives that family's rows for `split` ("test", "all" for
+    a fixed set's every row, else train), `limit` of them, seeded by `seed`, with `task_config` as the family's config. A list is a task
     mix (`poise_trl.tasks.mix_rows`): `limit` rows in all, shared by the entries' weights.
     """
     if limit is not None and limit < 1:
@@ -490,8 +490,8 @@ def load_prompt_dataset(
                             "{name: <task>, config: {...}}")
         return datasets.Dataset.from_list(mix_rows(source, "test" if split == "test" else "train", limit, seed))
     if is_task(str(source)):  # rows and verifiers come from the task family (poise_trl.tasks)
-        return datasets.Dataset.from_list(task_rows(str(source), "test" if split == "test" else "train", limit, seed,
-                                                    task_config))
+        task_split = split if split in ("test", "all") else "train"  # `all`: a fixed set whole (humaneval, bfcl)
+        return datasets.Dataset.from_list(task_rows(str(source), task_split, limit, seed, task_config))
     clean = None
     if str(source) in DATASETS:
         rows = _load_registered(str(source), split, limit, seed)

@@ -115,3 +115,12 @@ def test_pass_at_k_is_the_unbiased_estimator():
     assert pass_at_k(20, 3, 4) == pytest.approx(1 - math.prod(1 - 4 / i for i in range(18, 21)))  # Chen's form
     with pytest.raises(ValueError, match="0 < k <= n"):
         pass_at_k(3, 1, 4)
+
+
+def test_split_all_is_the_whole_set_for_bench():
+    """`poise bench humaneval --split all` evaluates on all 164 problems, not only the 35 held out."""
+    from poise_trl.prompts import load_prompt_dataset
+
+    whole = load_prompt_dataset("humaneval", split="all")
+    assert len(whole) == 164 and len(set(whole["id"])) == 164
+    assert len(load_prompt_dataset("humaneval", split="test")) == 35

@@ -166,13 +166,13 @@ def _categories(variant: str | None) -> list[str]:
 def build_rows(variant: str | None, config: dict, split: str, size: int | None, seed: int) -> list[dict]:
     """The split's questions of the chosen categories in a seeded order, the first `size` of them (all when
     `size` is None or larger than the split)."""
-    if split not in ("train", "test"):
-        raise TaskError(f"unknown split {split!r} for bfcl; use 'train' or 'test'")
+    if split not in ("train", "test", "all"):
+        raise TaskError(f"unknown split {split!r} for bfcl; use 'train', 'test' or 'all'")
     rows = [
         row
         for category in _categories(variant)
         for row in _category_rows(category)
-        if split_of(row["id"]) == split
+        if split in ("all", split_of(row["id"]))
     ]
     random.Random(seed).shuffle(rows)
     return rows if size is None else rows[:size]

@@ -73,10 +73,10 @@ def build_rows(variant: str | None, config: dict, split: str, size: int | None, 
     than the split)."""
     if variant is not None:
         raise TaskError(f"task humaneval has no variants; use humaneval, not humaneval:{variant}")
-    if split not in ("train", "test"):
-        raise TaskError(f"unknown split {split!r} for humaneval; use 'train' or 'test'")
+    if split not in ("train", "test", "all"):
+        raise TaskError(f"unknown split {split!r} for humaneval; use 'train', 'test' or 'all'")
     timeout, mode = _settings(config)
-    rows = [_row(problem, timeout, mode) for problem in _problems() if split_of(problem["task_id"]) == split]
+    rows = [_row(problem, timeout, mode) for problem in _problems() if split in ("all", split_of(problem["task_id"]))]
     random.Random(seed).shuffle(rows)
     return rows if size is None else rows[:size]
 

@@ -45,12 +45,17 @@ def main() -> int:
     parser.add_argument("runs", nargs="+", help="pairs of run folders: A1 B1 A2 B2 ...")
     parser.add_argument("--output", help="JSON report to write")
     parser.add_argument("--note", default="", help="what A and B are (code versions, machine)")
+    parser.add_argument("--added", action="append", default=[], metavar="KEY",
+                        help="a top-level summary field the later version added (absent from A): left out, and listed")
     cli = parser.parse_args()
     if len(cli.runs) % 2:
         parser.error("give run folders in pairs")
     pairs = []
     for a, b in zip(cli.runs[::2], cli.runs[1::2], strict=True):
         sa, sb = (json.loads((Path(p) / "summary.json").read_text()) for p in (a, b))
+        if any(key in sa for key in cli.added):
+            parser.error(f"{a} has a field given as --added: compare it")
+        sb = {key: value for key, value in sb.items() if key not in cli.added}
         found = differences(comparable(sa), comparable(sb))
         pairs.append({"a": Path(a).name, "b": Path(b).name, "algo": sa.get("algo"), "identical": not found,
                       "steps": sa.get("steps"), "heldout_accuracy": [p["accuracy"] for p in sa["heldout_history"]],
@@ -60,7 +65,7 @@ def main() -> int:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).resolve().parents[1]).stdout.strip()
         report = {"command": "python benchmarks/same_curves.py " + " ".join(sys.argv[1:]), "note": cli.note,
-                  "left_out": sorted(CLOCK_KEYS | PATH_KEYS), "head_when_compared": commit,
+                  "left_out": sorted(CLOCK_KEYS | PATH_KEYS), "added_in_b": cli.added, "head_when_compared": commit,
                   "machine": f"{platform.machine()}, {platform.python_version()}", "pairs": pairs}
         Path(cli.output).write_text(json.dumps(report, indent=2) + "\n")
     return 0 if all(p["identical"] for p in pairs) else 1

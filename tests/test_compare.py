@@ -3,13 +3,14 @@ end (runs in subprocesses, skipped when complete, resumed from checkpoints)."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
-from poise_trl.cli.main import app
 from typer.testing import CliRunner
 
 from poise_trl import compare
 from poise_trl.callbacks import Budget
+from poise_trl.cli.main import app
 from poise_trl.recipe import load_recipe
 
 
@@ -294,3 +295,24 @@ def test_critic_explained_variance_over_the_second_half_and_seeds_below_start(tm
     title, header, rows = compare.table_rows(report)[-1]
     assert title.startswith("critics, second half")
     assert rows == [["asyppo", "0.500 ± 0.141", "0.500 ± 0.000", "0.900 ± 0.000", "1/2"]]
+
+
+# The command that made benchmarks/results/compare_aggregate_check (its run summaries are committed with it).
+AGGREGATE_CHECK = ["recipes/toy/poise.yaml", "recipes/toy/grpo_2.yaml", "--budget-tokens", "10000", "--seeds", "2",
+                   "--eval-points", "2", "--set", "eval_limit=40"]
+
+
+def test_aggregate_only_reproduces_a_committed_study(tmp_path, monkeypatch):
+    """`poise compare --aggregate-only` on a study's committed run summaries gives back its compare.json (package
+    versions aside): a reader can regenerate the tables and plots from the repository alone."""
+    repo = Path(__file__).resolve().parents[1]
+    committed = repo / "benchmarks" / "results" / "compare_aggregate_check"
+    shutil.copytree(committed, tmp_path / "study")
+    (tmp_path / "study" / "compare.json").unlink()
+    monkeypatch.chdir(repo)  # the recipe paths as the study's command gave them
+    result = CliRunner().invoke(app, ["compare", *AGGREGATE_CHECK, "--aggregate-only", "-o", str(tmp_path / "study")])
+    assert result.exit_code == 0, result.output
+    again, original = (json.loads(p.read_text()) for p in (tmp_path / "study" / "compare.json",
+                                                            committed / "compare.json"))
+    again.pop("versions"), original.pop("versions")
+    assert again == original

@@ -10,7 +10,9 @@ One forward pass over prompt+completion yields, per rollout and per hooked decod
 The same capture code serves the POISE trainer (hooks around TRL's own no-grad pass, see
 trl-notes "Forward passes you can reuse"), `poise probe-eval` (several layers in one pass)
 and the tests: `HiddenStateCapture` pools inside the hook, so only (B, d) float32 CPU tensors
-ever leave it (poise-spec: "never keep (B, S, d) activations around").
+ever leave it (poise-spec: "never keep (B, S, d) activations around"). `GenerationCapture`
+reads the same features while `generate` samples the completions (prefill + one decode step
+per token, KV cache), so the trainer's transformers path needs no pass of its own.
 
 Layout conventions (TRL's, trl-notes "Control flow of one step"): prompts are LEFT-padded
 (`prompt_mask`), completions RIGHT-padded (`completion_mask`), and the model sees
@@ -265,7 +267,35 @@ def pool_hidden(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) 
     return picked.sum(1) / valid.sum(1, keepdim=True).clamp(min=1)
 
 
-class HiddenStateCapture:
+class ForwardHooks:
+    """Module hooks that live for one `with` block: `_register` returns the handles, and every one is removed
+    on exit, also after an exception or a failure halfway through registering."""
+
+    def __init__(self):
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def _register(self) -> Iterator[torch.utils.hooks.RemovableHandle]:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            for handle in self._register():
+                self._handles.append(handle)
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+class HiddenStateCapture(ForwardHooks):
     """Forward hooks on one or several decoder blocks that pool inside the hook.
 
     Usage (the same for the trainer, where TRL chunks the batch internally, and for
@@ -286,32 +316,22 @@ class HiddenStateCapture:
     """
 
     def __init__(self, model: nn.Module, layers: Sequence[int | float], n_pool: int = 10):
+        super().__init__()
         self.blocks = decoder_layers(model)
         self.layers = list(dict.fromkeys(resolve_layer_index(len(self.blocks), layer) for layer in layers))
         self.n_pool = n_pool
         self.active = False
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._positions: tuple[torch.Tensor, ...] | None = None
         self._width = 0
         self._cursor: dict[int, int] = {}
         self._pooled: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def __enter__(self) -> HiddenStateCapture:
-        try:
-            for layer in self.layers:
-                self._handles.append(self.blocks[layer].register_forward_hook(self._make_hook(layer)))
-        except BaseException:
-            self.remove()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
+    def _register(self):
+        for layer in self.layers:
+            yield self.blocks[layer].register_forward_hook(self._make_hook(layer))
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        super().remove()
         self.active = False
 
     @contextmanager
@@ -486,3 +506,208 @@ def pad_sequences(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch
         cols = slice(width - len(s), width) if left else slice(0, len(s))
         ids[i, cols], mask[i, cols] = torch.tensor(s, dtype=torch.long), 1
     return ids, mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Features read while generating (the trainer's transformers path: no pass of their own)
+# ---------------------------------------------------------------------------------------------
+
+
+class CaptureUnavailable(RuntimeError):
+    """A generation capture cannot give this round's features: the caller runs the full pass instead."""
+
+
+def _fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, T) -> (B, width): cut, or right-pad with zeros (TRL may pad completions to a multiple)."""
+    return x[:, :width] if x.shape[1] >= width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+class GenerationCapture(ForwardHooks):
+    """The features `extract_features` computes, read while `model.generate` samples the completions.
+
+    Usage (the trainer wraps TRL's generate call; the tests call generate directly)::
+
+        with GenerationCapture(model, layer, eos_token_ids, think_end_id, temperature) as cap:
+            model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, ...)  # with its KV cache
+            cap.finish(completions, pad_token_id)  # token lists cut after the first EOS, as TRL keeps them
+        features = cap.features(completion_ids, completion_mask)  # TRL's padded tensors
+
+    Each generate step is one forward of the causal LM. The prefill's block output gives the prompt
+    vector (pooled in the hook, as `pooling_positions` places it). Decode step j feeds completion token
+    j - 1: its block output enters a per-row ring of the last `n_pool` valid completion hidden states,
+    copied aside when that token is `</think>`, so the response vector is the ring at the LAST `</think>`
+    or, without one, at the end. Step j's logits are those completion token j was sampled from; their
+    entropy at `temperature` is what TRL's fused head computes over the finished sequence. Only
+    (B, n_pool, d) states and (B, T) entropies are kept (poise-spec: no (B, S, d) activations).
+
+    generate never feeds back the last token it samples, so `finish` runs one closing decode step (one
+    token per row, on generate's KV cache) for it. A generate call that does not run the hooked block
+    once per token (beam search, chunked prefill, a static or compiled cache: 4D masks), or completions
+    that are not the ones generated (tool calls), leave the capture unusable: `features` raises
+    CaptureUnavailable with the reason. Nothing is raised inside generate.
+    """
+
+    def __init__(self, model: nn.Module, layer: int | float, eos_token_ids: Sequence[int], think_end_id: int,
+                 temperature: float = 1.0, n_pool: int = 10):
+        super().__init__()
+        self.lm = unwrap_model(model)
+        blocks = decoder_layers(model)
+        self.block = blocks[resolve_layer_index(len(blocks), layer)]
+        self.eos_token_ids = list(eos_token_ids)
+        self.think_end_id, self.temperature, self.n_pool = think_end_id, temperature, n_pool
+        self.error: str | None = None
+        self.finished = False
+        self._step_kwargs: dict | None = None  # the LM forward now running (after generate: the last one)
+        self._closing = False
+        self._prompt: torch.Tensor | None = None
+        self._fed: list[torch.Tensor] = []  # completion token fed at each decode step, (B,)
+        self._entropies: list[torch.Tensor] = []  # entropy of each step's next-token distribution, (B,)
+
+    def _register(self):
+        yield self.lm.register_forward_pre_hook(self._before_step, with_kwargs=True)
+        yield self.block.register_forward_hook(self._after_block)
+        yield self.lm.register_forward_hook(self._after_step)
+
+    def remove(self) -> None:
+        super().remove()
+        self._step_kwargs = None  # holds generate's KV cache
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _before_step(self, module, args, kwargs):
+        self._step_kwargs = kwargs
+        return None
+
+    def _after_block(self, module, args, output):
+        if self.error is not None:
+            return None
+        hidden = output[0] if isinstance(output, (tuple, list)) else output
+        kwargs = self._step_kwargs or {}
+        mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
+        try:
+            with torch.no_grad():
+                if self._prompt is None:
+                    self._read_prefill(hidden, mask)
+                else:
+                    self._read_decode(hidden, ids, mask)
+        except CaptureUnavailable as reason:
+            self.error = str(reason)
+        return None
+
+    def _after_step(self, module, args, output):
+        if self.error is None and not self._closing:
+            logits = output.logits if hasattr(output, "logits") else output[0]
+            self._entropies.append(token_entropy(logits[:, -1:].detach(), self.temperature)[:, 0])
+        return None
+
+    def _read_prefill(self, hidden: torch.Tensor, mask) -> None:
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or tuple(mask.shape) != tuple(hidden.shape[:2]):
+            raise CaptureUnavailable(
+                "generate's first forward is not one prefill of the whole prompts with a 2D attention mask "
+                "(chunked prefill, or a static/compiled cache)"
+            )
+        rows, d = hidden.shape[0], hidden.shape[-1]
+        index, valid = _last_n(mask.bool(), self.n_pool)
+        self._prompt = pool_hidden(hidden, index, valid)
+        self._prompt_width = mask.shape[1]
+        zeros = dict(device=hidden.device)
+        self._ring = torch.zeros(rows, self.n_pool, d, dtype=torch.float32, **zeros)
+        self._at_think = torch.zeros_like(self._ring)
+        self._count = torch.zeros(rows, dtype=torch.long, **zeros)  # valid completion tokens so far
+        self._count_at_think = torch.zeros_like(self._count)  # 0: no `</think>` yet
+        self._done = torch.zeros(rows, dtype=torch.bool, **zeros)  # fed its EOS already
+        self._eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=hidden.device)
+
+    def _read_decode(self, hidden: torch.Tensor, ids, mask) -> None:
+        rows = self._ring.shape[0]
+        expected_width = self._prompt_width + len(self._fed) + 1
+        if (
+            tuple(hidden.shape[:2]) != (rows, 1)
+            or not isinstance(ids, torch.Tensor)
+            or tuple(ids.shape) != (rows, 1)
+            or not isinstance(mask, torch.Tensor)
+            or tuple(mask.shape) != (rows, expected_width)
+        ):
+            raise CaptureUnavailable(
+                "generate did not feed one token per row per step over a growing 2D mask (beam search, assisted "
+                "decoding, or a static/compiled cache)"
+            )
+        token = ids[:, 0].to(self._ring.device)
+        # Rows still generating: TRL keeps each completion up to and including its first EOS. (nonzero
+        # syncs with the device, as generate's own stopping check does every step.)
+        live = (~self._done).nonzero()[:, 0]
+        self._ring[live, self._count[live] % self.n_pool] = hidden[live, 0].float()
+        self._count[live] += 1
+        at_think = live[token[live] == self.think_end_id]
+        if at_think.numel():
+            self._at_think[at_think] = self._ring[at_think]
+            self._count_at_think[at_think] = self._count[at_think]
+        self._done[live] = torch.isin(token[live], self._eos)
+        self._fed.append(token)
+
+    # -- after generate ------------------------------------------------------------------------
+
+    def finish(self, completions: Sequence[Sequence[int]], pad_token_id: int) -> None:
+        """Feed the last sampled token back (the closing step) where it is a real token; call right after
+        generate, inside the `with`, under no_grad, with `completions` cut after the first EOS."""
+        self.finished = True
+        if self.error is None and self._prompt is None:
+            self.error = "the hooked decoder block did not run during generate"
+        if self.error is not None:
+            return
+        width = max((len(c) for c in completions), default=0)
+        if (len(completions) != self._ring.shape[0] or width == 0 or len(self._entropies) < width
+                or len(self._fed) < width - 1):
+            self.error = (f"generate ran {len(self._entropies)} steps over {self._ring.shape[0]} rows, but returned "
+                          f"{len(completions)} completions of up to {width} tokens")
+            return
+        self._entropies = self._entropies[:width]
+        if len(self._fed) == width - 1:
+            last = [c[-1] if len(c) == width else pad_token_id for c in completions]
+            self._close(torch.tensor(last, dtype=torch.long))
+        self._fed = self._fed[:width]
+        self._step_kwargs = None
+
+    def _close(self, last_tokens: torch.Tensor) -> None:
+        kwargs = dict(self._step_kwargs or {})
+        mask = kwargs.get("attention_mask")
+        if kwargs.get("past_key_values") is None or not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+            self.error = "generate ran without a KV cache and a 2D mask: no closing decode step possible"
+            return
+        kwargs.pop("inputs_embeds", None)
+        kwargs["input_ids"] = last_tokens[:, None].to(mask.device)
+        kwargs["attention_mask"] = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        if kwargs.get("position_ids") is not None:
+            kwargs["position_ids"] = kwargs["position_ids"][..., -1:] + 1
+        self._closing = True
+        try:
+            self.lm(**kwargs)
+        finally:
+            self._closing = False
+
+    def features(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> RolloutFeatures:
+        """RolloutFeatures of the rows as TRL scores them (right-padded ids and mask, any width); equal to
+        `extract_features` on the finished sequences up to KV-cache rounding."""
+        if self.error is None and not self.finished:
+            self.error = "finish() was not called after generate"
+        if self.error is not None:
+            raise CaptureUnavailable(self.error)
+        width = completion_ids.shape[1]
+        generated = _fit_width(torch.stack(self._fed, dim=1).cpu(), width)
+        lengths = self._count.cpu()
+        kept = completion_mask.sum(1).cpu()
+        # A row TRL masks out entirely (mask_truncated_completions) keeps no response token.
+        scored = kept > 0
+        if completion_ids.shape[0] != lengths.shape[0] or not ((kept == lengths) | ~scored).all() or not torch.equal(
+            generated[completion_mask.bool().cpu()], completion_ids[completion_mask.bool()].cpu()
+        ):
+            raise CaptureUnavailable("the completions TRL scores are not the tokens generate fed back")
+        has_think = (self._count_at_think > 0)[:, None, None]
+        states = torch.where(has_think, self._at_think, self._ring)
+        pooled = torch.where(has_think[:, 0, 0], self._count_at_think, self._count).clamp(max=self.n_pool)
+        slots = torch.arange(self.n_pool, device=states.device)[None, :] < pooled[:, None]
+        response = torch.where(slots[:, :, None], states, 0.0).sum(1) / pooled.clamp(min=1)[:, None]
+        response = torch.where(scored.to(response.device)[:, None], response, 0.0)
+        entropies = _fit_width(torch.stack(self._entropies, dim=1).cpu(), width)
+        return build_rollout_features(self._prompt, response, entropies, completion_ids, completion_mask,
+                                      self.think_end_id)

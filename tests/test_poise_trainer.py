@@ -85,14 +85,16 @@ def test_reuses_trls_no_grad_pass_when_it_runs(tmp_path, tiny_random_model_dir):
     assert_parameters_moved(before, trainer)
     # 1 generation round (2 iterations x 1 step): one no-grad pass (TRL's) + 2 training forwards.
     assert trainer.policy_forward_passes == 3
+    assert trainer.feature_sources == {"trl_pass": 1, "generation": 0, "extra_pass": 0}
 
     plain = make_trainer(tiny_random_model_dir, tmp_path / "b", max_steps=2)
     assert not plain._trl_runs_no_grad_pass()
     before = trainable_parameters(plain)
     plain.train()
     assert_parameters_moved(before, plain)
-    # 2 rounds: each one extra no-grad pass of POISE's own + 1 training forward.
-    assert plain.policy_forward_passes == 4
+    # 2 rounds: the features come from TRL's generate call, so 1 training forward each and nothing else.
+    assert plain.policy_forward_passes == 2
+    assert plain.feature_sources == {"trl_pass": 0, "generation": 2, "extra_pass": 0}
 
 
 def test_works_with_a_lora_adapter(tmp_path, tiny_random_model_dir):

@@ -3,14 +3,20 @@
 Flow of one generation round inside TRL's `_generate_and_score_completions`:
 
 1. TRL generates 2 rollouts per prompt (vLLM colocate or transformers).
-2. Features z_i come from ONE no-grad policy forward over prompt + completion: a forward
-   hook on decoder block `probe_layer` pools the prompt and response vectors inside the hook
-   (only (B, d) leaves it), and TRL's fused LM head gives exact full-vocabulary entropies.
-   When TRL runs its own no-grad pass (`old_per_token_logps`: vLLM with importance-sampling
-   correction, or `num_iterations > 1` / misaligned accumulation), the hook rides on it and
-   no extra pass is made; otherwise one chunked pass is run here. So with vLLM the output
-   handed to rewards and advantages carries the hidden-state features and entropies
-   without a second look at the model.
+2. Features z_i: the output of decoder block `probe_layer`, pooled inside a forward hook
+   (only (B, d) leaves it), and full-vocabulary entropies of the temperature-scaled next-token
+   distribution. They come from the first of (logged as `probe/features_from_<source>`):
+   - `trl_pass`: TRL's own no-grad pass over prompt + completion (`old_per_token_logps`: vLLM
+     with importance-sampling correction, or `num_iterations > 1` / misaligned accumulation),
+     with TRL's fused LM head giving the entropies;
+   - `generation`: otherwise, in the transformers path, TRL's `model.generate` call itself
+     (`features.GenerationCapture`: the prefill gives the prompt vector, each decode step one
+     completion token's hidden state and the entropy of the distribution it was sampled from,
+     plus one closing decode step for the last sampled token);
+   - `extra_pass`: where neither applies (vLLM without the correction, continuous batching,
+     tool calls or a rollout function, sharded weights, or a generate call that did not run the
+     block once per token, e.g. `use_cache: false`), one chunked no-grad pass of POISE's own.
+   So POISE makes as many policy passes per step as GRPO, except in the `extra_pass` cases.
 3. Rewards are computed and gathered over processes (TRL); features are gathered too, so
    every rank holds the whole batch and fits the identical probe.
 4. Predict g(z) with the probe fitted at the END of the previous round, freeze the
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +65,8 @@ from trl.trainer.utils import pad
 from poise_trl import estimators
 from poise_trl.distributed import summed_over_processes
 from poise_trl.features import (
+    CaptureUnavailable,
+    GenerationCapture,
     HiddenStateCapture,
     RolloutFeatures,
     build_rollout_features,
@@ -70,6 +79,7 @@ from poise_trl.provenance import write_json
 from poise_trl.trainers.base import AdvantageTrainer, PromptStream, register_algorithm
 
 PROBE_STATE_FILE = "poise_probe.safetensors"
+FEATURE_SOURCES = ("trl_pass", "generation", "extra_pass")
 SELECTION_STATE_FILE = "poise_selection.json"
 
 
@@ -201,6 +211,11 @@ class POISETrainer(AdvantageTrainer):
         self.probe_history: list[dict] = []
         self._capture_armed = False
         self._step_features: RolloutFeatures | None = None
+        self.generation_capture_blocker = self._generation_capture_blocker()
+        self._capture_generation = False
+        self._generation_capture: GenerationCapture | None = None
+        self.feature_sources = dict.fromkeys(FEATURE_SOURCES, 0)  # generation rounds per source
+        self._fallback_warned: set[str] = set()
         self.check_groups_stay_on_one_process(
             "a prompt's rollouts would straddle two processes and the cross-rollout pairs would break"
         )
@@ -224,6 +239,20 @@ class POISETrainer(AdvantageTrainer):
         return resolve_layer_index(len(blocks), self.args.probe_layer)
 
     # -- feature capture ------------------------------------------------------------------
+
+    def _generation_capture_blocker(self) -> str | None:
+        """Why this run cannot read the features while TRL generates (None: it can)."""
+        if self.use_vllm:
+            return "vLLM generates the completions"
+        if self.use_transformers_continuous_batching:
+            return "transformers continuous batching generates the completions"
+        if self.rollout_func is not None or self.tools or self.environment_factories is not None:
+            return "a rollout function or tool calls build the completions from several generate calls"
+        if self._is_vlm:
+            return "a vision-language model"
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            return "sharded weights: the closing decode step would run outside TRL's gathering context"
+        return None
 
     def _trl_runs_no_grad_pass(self) -> bool:
         """Mirrors TRL's condition for computing `old_per_token_logps` (grpo_trainer.py)."""
@@ -263,7 +292,24 @@ class POISETrainer(AdvantageTrainer):
         if self.args.prompt_selection and not self.value_estimator.in_bootstrap:
             inputs = self._select_prompts(inputs)
         self._capture_armed = self._trl_runs_no_grad_pass()
+        self._generation_capture = None
+        self._capture_generation = not self._capture_armed and self.generation_capture_blocker is None
         return super()._generate_and_score_completions(inputs)
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if not self._capture_generation:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        self._capture_generation = False  # one generate call per round in this path
+        args = self.args
+        with GenerationCapture(self.accelerator.unwrap_model(self.model), self.probe_layer_index, self.eos_token_ids,
+                               self.think_end_id, self.temperature, args.probe_pool_tokens) as capture:
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            with torch.no_grad(), disable_gradient_checkpointing(self.model, args.gradient_checkpointing_kwargs):
+                capture.finish(completion_ids, self._tokenizer.pad_token_id)
+        self._generation_capture = capture
+        return completion_ids, logprobs
 
     # -- probe-guided prompt selection (module docstring) -------------------------------------
 
@@ -323,18 +369,42 @@ class POISETrainer(AdvantageTrainer):
         metrics["selection/informativeness_rolled_out"].append(scores[chosen].mean().item())
 
     def _features_for(self, output: dict) -> RolloutFeatures:
-        """This round's features: from TRL's own no-grad pass, or from one chunked pass here."""
-        if self._step_features is None:
-            ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-            mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-            self._capture_armed = True
-            with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                self._get_per_token_logps_and_entropies(
-                    self.model, ids, mask, output["completion_ids"].size(1),
-                    batch_size=self.args.per_device_train_batch_size,
-                )
-        features, self._step_features = self._step_features, None
+        """This round's features: from TRL's own no-grad pass, from its generate call, or from one
+        chunked pass here (module docstring, step 2)."""
+        features, source = self._step_features, "trl_pass"
+        if features is None and self._generation_capture is not None:
+            try:
+                features = self._generation_capture.features(output["completion_ids"], output["completion_mask"])
+                source = "generation"
+            except CaptureUnavailable as reason:
+                self._warn_fallback(str(reason))
+        elif features is None and self.generation_capture_blocker is not None:
+            self._warn_fallback(self.generation_capture_blocker)
+        if features is None:
+            features, source = self._extra_pass_features(output), "extra_pass"
+        self._step_features = self._generation_capture = None
+        self.feature_sources[source] += 1
+        for name in FEATURE_SOURCES:
+            self._metrics["train"][f"probe/features_from_{name}"].append(float(name == source))
         return self._gather_features(features)
+
+    def _extra_pass_features(self, output: dict) -> RolloutFeatures:
+        """One chunked no-grad policy pass over prompt + completion, the hooks riding on it."""
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        self._capture_armed = True
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            self._get_per_token_logps_and_entropies(
+                self.model, ids, mask, output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        features, self._step_features = self._step_features, None
+        return features
+
+    def _warn_fallback(self, reason: str) -> None:
+        if reason not in self._fallback_warned:
+            self._fallback_warned.add(reason)
+            warnings.warn(f"POISE features: {reason}; running one extra policy pass per round instead", stacklevel=2)
 
     def _gather_features(self, features: RolloutFeatures) -> RolloutFeatures:
         if self.accelerator.num_processes == 1:

@@ -38,12 +38,12 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
 # Not special: like Qwen3, the think markers survive `skip_special_tokens=True` decoding so
 # rewards and span detection can see them.
 THINK_TOKENS = ["<think>", "</think>", "\\boxed{"]
+CHARS = string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", "")  # one token each
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """One token per printable ASCII character, plus Qwen3's chat and think markers."""
-    chars = list(string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", ""))
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + THINK_TOKENS + chars)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + THINK_TOKENS + list(CHARS))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
@@ -99,6 +99,45 @@ def sft_dataset(n: int, seed: int, slip_rate: float):
     )
 
 
+def checked_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
+    """`output_dir` as a Path; refused in one line when it is a file, or holds a model and not `overwrite`."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"{output_dir} is a file: give a folder with --output-dir")
+    if not overwrite and any(output_dir.glob("*.safetensors")):
+        raise ValueError(f"{output_dir} already holds a model: give --overwrite to replace it, or another --output-dir")
+    return output_dir
+
+
+def supervise(model, tokenizer, dataset, max_steps: int, batch_size: int, learning_rate: float, seed: int,
+              progress: bool, max_length: int = 256) -> None:
+    """TRL's SFTTrainer on prompt-completion pairs (loss on the completion only), cosine schedule."""
+    from trl import SFTConfig, SFTTrainer
+
+    scratch = tempfile.TemporaryDirectory(prefix="poise-toy-sft-")
+    args = SFTConfig(
+        output_dir=scratch.name,
+        max_steps=max_steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, max_steps // 20),
+        weight_decay=0.0,
+        logging_steps=50,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        seed=seed,
+        data_seed=seed,
+        max_length=max_length,
+        disable_tqdm=not progress,
+        dataloader_num_workers=0,
+    )
+    SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer).train()
+    scratch.cleanup()
+
+
 def build_tiny_model(
     output_dir: str | Path,
     seed: int = 0,
@@ -115,50 +154,18 @@ def build_tiny_model(
     """Build tokenizer + model, supervise on worked solutions, measure sampled accuracy on the
     held-out set, and save everything (safetensors) with a model card. Returns the card data.
     A model already in `output_dir` (the bundled one, by default) is kept unless `overwrite`."""
-    from trl import SFTConfig, SFTTrainer
-
     from poise_trl.generation import TransformersEngine, evaluate_accuracy
     from poise_trl.prompts import load_prompt_dataset
     from poise_trl.provenance import package_versions
 
-    output_dir = Path(output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ValueError(f"{output_dir} is a file: give a folder with --output-dir")
-    if not overwrite and any(output_dir.glob("*.safetensors")):
-        raise ValueError(f"{output_dir} already holds a model: give --overwrite to replace it, or another --output-dir")
-    scratch = tempfile.TemporaryDirectory(prefix="poise-toy-sft-")
+    output_dir = checked_output_dir(output_dir, overwrite)
     started = time.time()
     random.seed(seed)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed, hidden_size=hidden_size, num_layers=num_layers)
-    args = SFTConfig(
-        output_dir=scratch.name,
-        max_steps=max_steps,
-        per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=max(1, max_steps // 20),
-        weight_decay=0.0,
-        logging_steps=50,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=not torch.cuda.is_available(),
-        bf16=False,
-        seed=seed,
-        data_seed=seed,
-        max_length=256,
-        disable_tqdm=not progress,
-        dataloader_num_workers=0,
-    )
-    trainer = SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=sft_dataset(max_steps * batch_size, seed=seed + 1, slip_rate=slip_rate),
-        processing_class=tokenizer,
-    )
-    trainer.train()
+    supervise(model, tokenizer, sft_dataset(max_steps * batch_size, seed=seed + 1, slip_rate=slip_rate),
+              max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed, progress=progress)
     train_seconds = time.time() - started
-    scratch.cleanup()
 
     model.eval()
     eval_set = load_prompt_dataset("toy-arith", split="test")
@@ -183,11 +190,16 @@ def build_tiny_model(
         "heldout_sampled_accuracy": accuracy,
         "versions": package_versions(),
     }
+    save_world(model, tokenizer, output_dir, card, _model_card(card))
+    return card
+
+
+def save_world(model, tokenizer, output_dir: Path, card: dict, card_text: str) -> None:
+    """A built tiny model as the bundled ones ship: safetensors weights, tokenizer, build_info.json, card."""
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
     (output_dir / "build_info.json").write_text(json.dumps(card, indent=2) + "\n")
-    (output_dir / "README.md").write_text(_model_card(card))
-    return card
+    (output_dir / "README.md").write_text(card_text)
 
 
 def _model_card(card: dict) -> str:
@@ -218,3 +230,203 @@ Held-out sampled accuracy (temperature 1.0, {acc['num_samples']} samples on each
 
 Package versions: {json.dumps(card['versions'])}
 """
+
+
+# The multitask world: the tiny model taught toy-arith and four reasoning-gym generators, each in a config
+# whose questions and answers are short and printable ASCII (the tokenizer's characters), with reasoning-gym's
+# shortest system prompt that asks for a draft then <answer>. A task's slip rate (the share of its training
+# answers that are wrong) keeps its sampled accuracy inside (0.15, 0.85): every task of an RL mix has reward
+# variance to learn from.
+DRAFT_PROMPT = {"system_prompt": "chain_of_draft"}
+MULTITASK_TASKS: dict[str, dict] = {  # task -> its config, as a recipe's mix entry gives it
+    "math:toy-arith": {},
+    "reasoning-gym:basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
+                                       "operators": ["+"], "allow_parentheses": False, "allow_negation": False,
+                                       **DRAFT_PROMPT},
+    "reasoning-gym:count_bits": {"min_n": 1, "max_n": 1023, **DRAFT_PROMPT},
+    "reasoning-gym:gcd": {"min_numbers": 2, "max_numbers": 2, "min_value": 2, "max_value": 99, **DRAFT_PROMPT},
+    "reasoning-gym:letter_counting": {"min_words": 2, "max_words": 3, **DRAFT_PROMPT},
+}
+MULTITASK_SLIP_RATES: dict[str, float] = {
+    "math:toy-arith": 0.15,  # per column, as the toy-arith model's
+    "reasoning-gym:basic_arithmetic": 0.15,  # per column too: its draft is toy-arith's
+    "reasoning-gym:count_bits": 0.0,
+    "reasoning-gym:gcd": 0.1,
+    "reasoning-gym:letter_counting": 0.25,
+}
+MULTITASK_EVAL_ROWS = 100  # held-out rows of each task
+
+
+def multitask_mix() -> list[dict]:
+    """The tasks of the multitask world as a recipe's `dataset:` mix."""
+    return [{"name": name, "config": config} if config else {"name": name} for name, config in MULTITASK_TASKS.items()]
+
+
+def draft(generator: str, entry: dict) -> str:
+    """A few words of working before the answer, where a short one helps the tiny model."""
+    meta = entry["metadata"]
+    if generator == "count_bits":
+        return f"{int(entry['question'].rstrip('?').split()[-1]):b}"
+    if generator == "letter_counting":  # the letter once per occurrence, counted as the generator counts
+        return " ".join(meta["target_letter"] * sum(w.lower().count(meta["target_letter"]) for w in meta["span"]))
+    return ""
+
+
+def multitask_response(row: dict, slip_rate: float, rng: random.Random) -> str:
+    """The SFT target of a reasoning-gym row: `<think>` draft `</think>` then `<answer>`. A sum gets toy-arith's
+    column scratchpad, each column off by one with probability `slip_rate`; other answers are off by one
+    with probability `slip_rate`."""
+    verifier = json.loads(row["verifier"])
+    if verifier["name"] == "basic_arithmetic":
+        a, b = (int(term) for term in verifier["entry"]["metadata"]["expression"].split(" + "))
+        thinking, answer = toy_task.worked_solution(a, b, slip_rate, rng)
+    else:
+        thinking = draft(verifier["name"], verifier["entry"])
+        answer = int(row["answer"]) + (rng.choice((-1, 1)) if rng.random() < slip_rate else 0)
+    return f"<think>\n{thinking + chr(10) if thinking else ''}</think>\n<answer>{answer}</answer>"
+
+
+def printable(rows: list[dict]) -> list[dict]:
+    """The rows whose prompt and answer the character-level tokenizer spells without `<unk>`."""
+    chars = set(CHARS)
+    return [row for row in rows if set(row["answer"] + "".join(m["content"] for m in row["prompt"])) <= chars]
+
+
+def multitask_eval_rows(seed: int, size: int = MULTITASK_EVAL_ROWS) -> list[dict]:
+    """Each task's test split, `size` rows (a reasoning-gym task's less those its train split of that size
+    holds)."""
+    from poise_trl.tasks import task_rows
+
+    return printable([row for name, config in MULTITASK_TASKS.items()
+                      for row in task_rows(name, "test", size, seed, config)])
+
+
+def multitask_sft_dataset(n: int, seed: int, held_out: list[dict]):
+    """`n` prompt-completion pairs, the tasks in equal shares (toy-arith with its worked column sums), at each
+    task's slip rate; no question of `held_out` (the tasks' test rows) among them."""
+    from datasets import Dataset
+
+    from poise_trl.tasks import task_rows
+
+    rng = random.Random(seed)
+    share = n // len(MULTITASK_TASKS)
+    held_out_prompts = {json.dumps(row["prompt"]) for row in held_out}
+    pairs = []
+    for name, config in MULTITASK_TASKS.items():
+        if name == "math:toy-arith":
+            pairs += sft_dataset(share, seed=seed, slip_rate=MULTITASK_SLIP_RATES[name]).to_list()
+            continue
+        pairs += [{"prompt": row["prompt"],
+                   "completion": [{"role": "assistant",
+                                   "content": multitask_response(row, MULTITASK_SLIP_RATES[name], rng)}]}
+                  for row in printable(task_rows(name, "train", share, seed, config))]
+    pairs = [pair for pair in pairs if json.dumps(pair["prompt"]) not in held_out_prompts]
+    rng.shuffle(pairs)
+    return Dataset.from_list(pairs)
+
+
+def build_multitask_model(
+    output_dir: str | Path,
+    seed: int = 0,
+    max_steps: int = 300,
+    base_dir: str | Path | None = None,
+    learning_rate: float = 2e-3,
+    batch_size: int = 32,
+    eval_samples: int = 4,
+    eval_rows: int = MULTITASK_EVAL_ROWS,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict:
+    """`build_tiny_model` for the multitask world: the toy-arith model in `base_dir` (default: the bundled
+    tiny-qwen3) supervised further on the tasks of MULTITASK_TASKS, toy-arith among them so that it keeps it,
+    in equal shares at each task's slip rate; held-out sampled accuracy per task (`eval_rows` of each task's
+    test split) in the card. Starting from the toy-arith model leaves the whole SFT budget to the new tasks,
+    which keeps the build within minutes on a CPU."""
+    from datasets import Dataset
+
+    from poise_trl.generation import TransformersEngine, evaluate_accuracy
+    from poise_trl.loading import BUNDLED_DATA
+    from poise_trl.provenance import package_versions
+
+    output_dir = checked_output_dir(output_dir, overwrite)
+    base_dir = Path(base_dir or BUNDLED_DATA / "tiny-qwen3")
+    if not any(base_dir.glob("*.safetensors")):
+        raise ValueError(f"{base_dir} holds no model to start from: run `poise toy build` first, or give its folder")
+    started = time.time()
+    random.seed(seed)
+    tokenizer = build_tokenizer()
+    model = Qwen3ForCausalLM.from_pretrained(base_dir)
+    held_out = multitask_eval_rows(seed, eval_rows)
+    dataset = multitask_sft_dataset(max_steps * batch_size, seed + 1, held_out)
+    supervise(model, tokenizer, dataset, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+              seed=seed, progress=progress, max_length=512)
+    train_seconds = time.time() - started
+
+    model.eval()
+    accuracy = evaluate_accuracy(TransformersEngine(model, tokenizer, batch_size=128), Dataset.from_list(held_out),
+                                 num_samples=eval_samples, temperature=1.0, max_new_tokens=96, seed=seed)
+    card = {
+        "name": "tiny-qwen3-multitask",
+        "architecture": "Qwen3ForCausalLM",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "hidden_size": model.config.hidden_size,
+        "num_layers": model.config.num_hidden_layers,
+        "max_position_embeddings": model.config.max_position_embeddings,
+        "base_model": base_dir.name,
+        "tasks": multitask_mix(),
+        "sft": {
+            "max_steps": max_steps,
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "slip_rates": MULTITASK_SLIP_RATES,
+            "rows": len(dataset),
+            "seed": seed,
+        },
+        "train_seconds": round(train_seconds, 1),
+        "build_seconds": round(time.time() - started, 1),
+        "torch_threads": torch.get_num_threads(),
+        "heldout_sampled_accuracy": accuracy,
+        "versions": package_versions(),
+    }
+    save_world(model, tokenizer, output_dir, card, _multitask_card(card))
+    return card
+
+
+def _multitask_card(card: dict) -> str:
+    acc = card["heldout_sampled_accuracy"]
+    configs = {entry["name"]: entry.get("config", {}) for entry in card["tasks"]}
+    rows = "\n".join(f"| `{task}` | `{json.dumps(configs[task])}` | {card['sft']['slip_rates'][task]:.2f} | {value:.3f} |"
+                     for task, value in acc["by_task"].items())
+    return f"""# tiny-qwen3-multitask
+
+A {card['parameters']:,}-parameter `Qwen3ForCausalLM` ({card['num_layers']} layers, hidden size
+{card['hidden_size']}, context {card['max_position_embeddings']} characters): `data/{card['base_model']}`
+(toy-arith) taught further with TRL's `SFTTrainer` four reasoning-gym generators, with toy-arith kept in the
+data, all five tasks in equal shares. The reasoning-gym prompts carry reasoning-gym's `chain_of_draft` system
+prompt; their targets are a short draft inside `<think>...</think>` (toy-arith's column sums for
+basic_arithmetic, the number in binary for count_bits, the letter once per occurrence for letter_counting,
+none for gcd) and the answer inside `<answer>...</answer>`. Each task's training answers are off by one
+(for the two sums: each column's sum) at its slip rate, so that sampled accuracy stays inside 0.15-0.85 on every task:
+an RL run on the mix has reward variance on each of them.
+
+Made by `poise toy build --world multitask --output-dir <dir> --seed {card['sft']['seed']} --max-steps
+{card['sft']['max_steps']}` in {card['build_seconds']} s ({card['train_seconds']} s of it supervised training)
+on a 2-core CPU with {card['torch_threads']} torch thread(s) (SFT settings: {json.dumps(card['sft'])}).
+
+Held-out sampled accuracy, temperature 1.0, {acc['num_samples']} samples on each of {acc['num_prompts']}
+problems (each task's test split, as a recipe's held-out evaluation draws it):
+**{acc['accuracy']:.3f}** overall.
+
+| task | config | slip rate | accuracy |
+|---|---|---|---|
+{rows}
+
+Recipes: `recipes/toy/poise_multitask.yaml`, `grpo_multitask.yaml` and `grpo_2_multitask.yaml` train on
+this mix (`rewards: [task]`, each task's own grader).
+
+Package versions: {json.dumps(card['versions'])}
+"""
+
+
+# `poise toy build --world NAME`: NAME -> (its bundled folder under poise_trl/data, its build function)
+WORLDS = {"toy-arith": ("tiny-qwen3", build_tiny_model), "multitask": ("tiny-qwen3-multitask", build_multitask_model)}

@@ -126,23 +126,33 @@ def train(
 
 @toy_app.command("build")
 def toy_build(
-    output_dir: Path = typer.Option(BUNDLED_DATA / "tiny-qwen3", "--output-dir", "-o", help="Where the model goes."),
+    output_dir: Path = typer.Option(None, "--output-dir", "-o", help="Where the model goes (default: the bundled "
+                                    "data/tiny-qwen3, or data/tiny-qwen3-multitask with --world multitask)."),
+    world: str = typer.Option("toy-arith", "--world", help="toy-arith: the tiny model taught toy-arith; multitask: "
+                              "that model taught four reasoning-gym tasks besides."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation, the SFT data and the evaluation."),
     max_steps: int = typer.Option(None, "--max-steps", help="SFT steps (default: the bundled model's setting)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --output-dir (the bundled "
                                    "one by default)."),
 ):
     """Build the tiny Qwen3 model: tokenizer, SFT with TRL, held-out accuracy, model card."""
-    from poise_trl.toy import build_tiny_model
+    from poise_trl.toy import WORLDS
 
+    if world not in WORLDS:
+        fail(f"unknown --world {world!r}; give one of {', '.join(WORLDS)}")
+        return
+    default_dir, build = WORLDS[world]
+    output_dir = output_dir or BUNDLED_DATA / default_dir
     kwargs = {} if max_steps is None else {"max_steps": max_steps}
     try:
-        card = build_tiny_model(output_dir, seed=seed, overwrite=overwrite, **kwargs)
+        card = build(output_dir, seed=seed, overwrite=overwrite, **kwargs)
     except user_errors() as exc:
         fail(str(exc))
         return
     acc = card["heldout_sampled_accuracy"]
-    console.print(f"saved {output_dir}: held-out sampled accuracy {acc['accuracy']:.3f} by level {acc.get('by_level')}")
+    breakdown = "by task" if "by_task" in acc else "by level"
+    console.print(f"saved {output_dir}: held-out sampled accuracy {acc['accuracy']:.3f} {breakdown} "
+                  f"{acc.get('by_task', acc.get('by_level'))}")
 
 
 @toy_app.command("build-critic")

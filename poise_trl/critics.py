@@ -63,12 +63,15 @@ def load_critic(path: str, seed: int, dtype: torch.dtype = torch.float32) -> Pre
         hf_logging.set_verbosity(verbosity)
     if fresh_head:
         # transformers draws a missing head from the global RNG; draw it from the critic's own
-        # seed so M critics on one backbone start apart and every rank starts identical.
+        # seed so M critics on one backbone start apart and every rank starts identical. New
+        # tensors, not a copy into the old ones: under FSDP's CPU-RAM-efficient loading,
+        # transformers >= 5.23 leaves a missing head on the meta device on every process but the
+        # first, for an FSDP broadcast the critics never get.
         generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            head = torch.randn(critic.score.weight.shape, generator=generator) * config.initializer_range
-            critic.score.weight.copy_(head)
-            critic.score.bias.zero_()
+        weight, bias = critic.score.weight, critic.score.bias
+        head = torch.randn(weight.shape, generator=generator) * config.initializer_range
+        critic.score.weight = torch.nn.Parameter(head.to(weight.dtype))
+        critic.score.bias = torch.nn.Parameter(torch.zeros(bias.shape, dtype=bias.dtype))
     return critic
 
 

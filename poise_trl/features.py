@@ -671,7 +671,9 @@ class GenerationCapture(ForwardHooks):
     def _close(self, last_tokens: torch.Tensor) -> None:
         kwargs = dict(self._step_kwargs or {})
         mask = kwargs.get("attention_mask")
-        if kwargs.get("past_key_values") is None or not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        # generate passes its KV cache as `past_key_values` (transformers < 5.24) or `cache` (>= 5.24)
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        if cache is None or not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             self.error = "generate ran without a KV cache and a 2D mask: no closing decode step possible"
             return
         kwargs.pop("inputs_embeds", None)

@@ -33,7 +33,7 @@ import random
 
 from poise_trl.tasks import TaskError, TaskFamily, answer_part
 
-INSTALL_HINT = "pip install --no-deps lm-eval==0.4.13 && pip install nltk langdetect immutabledict sacrebleu"
+INSTALL_HINT = "pip install --no-deps lm-eval==0.4.13 && pip install nltk langdetect immutabledict sacrebleu requests"
 
 try:
     import langdetect

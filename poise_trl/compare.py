@@ -370,6 +370,13 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
                                          for s in summaries]) for key in SIGNALS},
         "runs": per_seed,
     }
+    by_task = [s["heldout_history"][-1].get("by_task") for s in summaries]
+    if all(by_task):  # a task mix: each task's held-out accuracy at the start and at the end, over seeds
+        starts = [s["heldout_history"][0]["by_task"] for s in summaries]
+        result["accuracy_by_task"] = {
+            task: {"start": mean_and_std([start[task] for start in starts])[0],
+                   "final": dict(zip(("mean", "std"), mean_and_std([end[task] for end in by_task]), strict=True))}
+            for task in by_task[0]}
     if any("selection" in r for r in per_seed):
         result["selection"] = {key: mean_and_std([r["selection"].get(key) for r in per_seed if "selection" in r])[0]
                                for key in (*SELECTION_COUNTERS, *SELECTION_MEANS)}

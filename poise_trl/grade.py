@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from poise_trl.bench import BenchError, grade_batch, reward_of
+from poise_trl.bench_data import BenchError
+from poise_trl.bench_scores import grade_batch, reward_of
 from poise_trl.provenance import package_versions, write_json, write_text
 
 

@@ -110,7 +110,7 @@ def push_final_model(model_dir: str | Path, repo_id: str | None, recipe: dict, s
 
 
 def push_bench_results(repo_id: str, eval_results: list, model_name: str, update=None) -> None:
-    """Add `poise bench` results (huggingface_hub `EvalResult`s, see `bench.eval_results`) to the model-index
+    """Add `poise bench` results (huggingface_hub `EvalResult`s, see `bench_reports.eval_results`) to the model-index
     of `repo_id`'s card, keeping the card's text and its other results; `update` defaults to
     huggingface_hub's `metadata_update`."""
     from huggingface_hub import metadata_update

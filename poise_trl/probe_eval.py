@@ -44,7 +44,8 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from poise_trl.bench import BENCHMARKS, data_fingerprint, resolve_model
+from poise_trl.bench import resolve_model
+from poise_trl.bench_data import BENCHMARKS, data_fingerprint
 from poise_trl.estimators import leave_one_out_targets
 from poise_trl.features import RolloutFeatures, extract_features, pad_sequences, resolve_layer_index
 from poise_trl.generation import (

@@ -13,7 +13,7 @@ import typer
 from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
-from poise_trl import bench, generation
+from poise_trl import bench, bench_data, bench_reports, bench_scores, generation, metrics
 from poise_trl.cli.bench import bench as bench_command
 from poise_trl.generation import Sample, TransformersEngine
 
@@ -56,13 +56,13 @@ def test_pass_at_k_matches_enumerating_all_k_subsets(n):
         for k in range(1, n + 1):
             subsets = list(itertools.combinations(outcomes, k))
             brute = sum(any(s) for s in subsets) / len(subsets)
-            assert math.isclose(bench.pass_at_k(n, c, k), brute), (n, c, k)
+            assert math.isclose(metrics.pass_at_k(n, c, k), brute), (n, c, k)
 
 
 def test_pass_ks_are_powers_of_two_and_n():
-    assert bench.pass_ks(32) == [1, 2, 4, 8, 16, 32]
-    assert bench.pass_ks(6) == [1, 2, 4, 6]
-    assert bench.pass_ks(1) == [1]
+    assert metrics.pass_ks(32) == [1, 2, 4, 8, 16, 32]
+    assert metrics.pass_ks(6) == [1, 2, 4, 6]
+    assert metrics.pass_ks(1) == [1]
 
 
 def test_metrics_avg_stderr_and_pass_k():
@@ -72,7 +72,7 @@ def test_metrics_avg_stderr_and_pass_k():
                  "num_tokens": 10, "truncated": s == 0}
         for p in range(2) for s in range(4)
     }
-    metrics = bench.compute_metrics(records, num_problems=2, num_samples=4)
+    metrics = bench_scores.compute_metrics(records, num_problems=2, num_samples=4)
     assert metrics["scores"]["avg"]["value"] == pytest.approx(0.5)
     assert metrics["scores"]["avg"]["stderr"] == pytest.approx(math.sqrt(((0.25**2) * 2 / 1) / 2))
     assert metrics["scores"]["pass@4"]["value"] == 1.0
@@ -84,12 +84,12 @@ def test_metrics_avg_stderr_and_pass_k():
 
 
 def test_vote_key_normalizes_numbers_and_latex():
-    assert bench.vote_key("070") == bench.vote_key("70.0") == bench.vote_key("70") == "70"
-    assert bench.vote_key("1,000") == bench.vote_key("1000")
-    assert bench.vote_key("\\dfrac{1}{2}") == bench.vote_key("\\frac {1}{2}")
-    assert bench.vote_key("\\text{(B)}") == "(B)"
-    assert bench.vote_key("90^\\circ") == "90"
-    assert bench.vote_key(None) is None and bench.vote_key("  ") is None
+    assert bench_scores.vote_key("070") == bench_scores.vote_key("70.0") == bench_scores.vote_key("70") == "70"
+    assert bench_scores.vote_key("1,000") == bench_scores.vote_key("1000")
+    assert bench_scores.vote_key("\\dfrac{1}{2}") == bench_scores.vote_key("\\frac {1}{2}")
+    assert bench_scores.vote_key("\\text{(B)}") == "(B)"
+    assert bench_scores.vote_key("90^\\circ") == "90"
+    assert bench_scores.vote_key(None) is None and bench_scores.vote_key("  ") is None
 
 
 def _votes(*answers, correct=()):
@@ -98,20 +98,20 @@ def _votes(*answers, correct=()):
 
 def test_majority_vote():
     # "070" and "70.0" are one answer: 2 votes beat 1
-    assert bench.majority_correct(_votes("12", "070", "70.0", correct={1, 2}))
-    assert not bench.majority_correct(_votes("12", "12", "70", correct={2}))
+    assert bench_scores.majority_correct(_votes("12", "070", "70.0", correct={1, 2}))
+    assert not bench_scores.majority_correct(_votes("12", "12", "70", correct={2}))
     # a tie goes to the answer voted first, whatever the order of the records
-    assert bench.majority_correct(list(reversed(_votes("70", "12", "12", "70", correct={0, 3}))))
-    assert not bench.majority_correct(_votes("12", "70", "70", "12", correct={1, 2}))
+    assert bench_scores.majority_correct(list(reversed(_votes("70", "12", "12", "70", correct={0, 3}))))
+    assert not bench_scores.majority_correct(_votes("12", "70", "70", "12", correct={1, 2}))
     # unboxed responses do not vote; nobody voting is wrong
-    assert bench.majority_correct(_votes(None, None, "70", correct={0, 1, 2}))
-    assert not bench.majority_correct(_votes(None, None, correct={0, 1}))
+    assert bench_scores.majority_correct(_votes(None, None, "70", correct={0, 1, 2}))
+    assert not bench_scores.majority_correct(_votes(None, None, correct={0, 1}))
 
 
 @pytest.mark.parametrize("text", ["70", "70.0", "\\boxed{070}", "<think>\n35+35\n</think>\n\\boxed{70}"])
 def test_grade_accepts_equivalent_answers(text):
-    assert bench.grade(text, "70")["correct"]
-    assert bench.grade(text, 70.0)["correct"]
+    assert bench_scores.grade(text, "70")["correct"]
+    assert bench_scores.grade(text, 70.0)["correct"]
 
 
 def test_grading_path_of_a_run(tmp_path, tiny_random_model_dir, monkeypatch):
@@ -148,7 +148,7 @@ def test_torn_last_line_is_cut_and_corrupt_middle_line_refused(tmp_path):
     assert len(bench.read_samples(path)) == 2 and path.read_text().endswith("}\n")
 
     path.write_text(good[0] + "\nnot json\n" + good[1] + "\n")
-    with pytest.raises(bench.BenchError, match="line 2 is corrupt"):
+    with pytest.raises(bench_data.BenchError, match="line 2 is corrupt"):
         bench.read_samples(path)
 
 
@@ -192,11 +192,11 @@ def test_resume_after_crash_loses_nothing_and_duplicates_nothing(tmp_path, toy_f
 def test_refuses_to_mix_settings(tmp_path, toy_file, tiny_random_model_dir):
     out = tmp_path / "out"
     run(out, tiny_random_model_dir, toy_file, num_samples=2)
-    with pytest.raises(bench.BenchError, match=r"num_samples 2 -> 3.*temperature 1.0 -> 0.6.*--overwrite"):
+    with pytest.raises(bench_data.BenchError, match=r"num_samples 2 -> 3.*temperature 1.0 -> 0.6.*--overwrite"):
         run(out, tiny_random_model_dir, toy_file, num_samples=3, temperature=0.6)
     changed = tmp_path / "changed.jsonl"
     changed.write_text(toy_file.read_text().replace("42", "43"))
-    with pytest.raises(bench.BenchError, match="data_fingerprint"):
+    with pytest.raises(bench_data.BenchError, match="data_fingerprint"):
         run(out, tiny_random_model_dir, changed, num_samples=2)
     # batch size only regroups the work: resuming with another one is allowed
     run(out, tiny_random_model_dir, toy_file, num_samples=2, batch_size=1)
@@ -225,7 +225,7 @@ def test_cli_runs_and_prints_the_table(tmp_path, toy_file, tiny_random_model_dir
     assert "Avg@2" in output and "pass@2" in output and "average" in output
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["benchmarks"]) == {"toy-arith", "aime25"} and summary["average"]["num_benchmarks"] == 2
-    assert summary["benchmarks"]["aime25"]["settings"]["prompt_suffix"] == bench.REFERENCE_SUFFIX
+    assert summary["benchmarks"]["aime25"]["settings"]["prompt_suffix"] == bench_data.REFERENCE_SUFFIX
     assert summary["versions"]["torch"] and summary["model"] == str(Path(tiny_random_model_dir).resolve())
     assert_one_line_error(*cli("toy-arith", "aime25", "--model", tiny_random_model_dir, "--data-file", toy_file),
                           "1 --data-file for 2 benchmarks")
@@ -253,7 +253,7 @@ def _hand_made(folder: Path, avg: float, avg_se: float, maj: float, temperature:
         name: {"settings": {"model": "m", "num_samples": 8, "temperature": temperature}, "metrics": metrics(shift)}
         for name, shift in (("aime24", 0.0), ("aime25", -0.1))
     }
-    average = bench.average_over_benchmarks([b["metrics"] for b in benchmarks.values()])
+    average = bench_scores.average_over_benchmarks([b["metrics"] for b in benchmarks.values()])
     folder.mkdir()
     (folder / "summary.json").write_text(json.dumps({"model": "m", "benchmarks": benchmarks, "average": average}))
     return folder
@@ -262,7 +262,7 @@ def _hand_made(folder: Path, avg: float, avg_se: float, maj: float, temperature:
 def test_compare_two_folders(tmp_path):
     a = _hand_made(tmp_path / "a", avg=0.30, avg_se=0.02, maj=0.40)
     b = _hand_made(tmp_path / "b", avg=0.40, avg_se=0.02, maj=0.42, temperature=1.0)
-    rows, notes = bench.compare_results(a, b)
+    rows, notes = bench_reports.compare_results(a, b)
     row = {(r["benchmark"], r["score"]): r for r in rows}
     assert row["aime24", "avg"]["diff"] == pytest.approx(0.10)
     assert row["aime24", "avg"]["se_diff"] == pytest.approx(math.sqrt(2) * 0.02)
@@ -342,7 +342,7 @@ def test_data_file_forms(tmp_path, toy_file):
     assert _data_files([f"toy-arith={toy_file}"], ["aime25", "toy-arith"], None) == {"toy-arith": str(toy_file)}
     assert _data_files([str(toy_file)], ["toy-arith"], None) == {"toy-arith": str(toy_file)}
     assert _data_files([f"amc24={toy_file}"], [], "poise") == {"amc24": str(toy_file)}
-    with pytest.raises(bench.BenchError, match="NAME=FILE"):
+    with pytest.raises(bench_data.BenchError, match="NAME=FILE"):
         _data_files([f"amc24={toy_file}", str(toy_file)], ["amc24", "aime25"], None)
 
 
@@ -350,14 +350,14 @@ def test_data_file_forms(tmp_path, toy_file):
 
 
 def test_preset_poise_is_the_paper_protocol(tmp_path, tiny_random_model_dir, monkeypatch, toy_file):
-    fixed = bench.PRESETS["poise"]
+    fixed = bench_data.PRESETS["poise"]
     assert fixed.benchmarks == ("amc23", "amc24", "aime24", "aime25", "aime26", "hmmt25", "brumo25")
     assert (fixed.num_samples, fixed.temperature, fixed.top_p) == (32, 0.6, 0.95)
-    names, sampling = bench.resolve_preset("poise", [], num_samples=None, temperature=0.6, top_p=None,
+    names, sampling = bench_data.resolve_preset("poise", [], num_samples=None, temperature=0.6, top_p=None,
                                            max_new_tokens=None)
     assert names == list(fixed.benchmarks) and sampling["num_samples"] == 32 and sampling["max_new_tokens"] == 8192
-    with pytest.raises(bench.BenchError, match="--preset poise fixes --temperature 0.6; drop --temperature 1.0"):
-        bench.resolve_preset("poise", [], num_samples=None, temperature=1.0, top_p=None, max_new_tokens=None)
+    with pytest.raises(bench_data.BenchError, match="--preset poise fixes --temperature 0.6; drop --temperature 1.0"):
+        bench_data.resolve_preset("poise", [], num_samples=None, temperature=1.0, top_p=None, max_new_tokens=None)
 
     calls = []
 
@@ -398,7 +398,7 @@ def test_evalscope_report_follows_its_schema(tmp_path, tiny_random_model_dir, to
     Subset, written to reports/<model>/<dataset>.json): checked field by field here; the next test reads it
     with EvalScope itself where it is installed."""
     summary = _finished_summary(tmp_path, tiny_random_model_dir, toy_file, monkeypatch)
-    path = tmp_path / "out" / "reports" / bench.model_id(summary["model"]) / "toy-arith.json"
+    path = tmp_path / "out" / "reports" / bench_reports.model_id(summary["model"]) / "toy-arith.json"
     report = json.loads(path.read_text())
     assert {"name", "dataset_name", "model_name", "score", "metrics", "analysis"} <= set(report)
     assert report["dataset_name"] == "toy-arith" and report["model_name"] == Path(tiny_random_model_dir).name
@@ -417,7 +417,7 @@ def test_evalscope_reads_the_report(tmp_path, tiny_random_model_dir, toy_file, m
     report_module = pytest.importorskip("evalscope.report.report", reason="EvalScope is not installed")
     combinator = pytest.importorskip("evalscope.report.combinator")
     summary = _finished_summary(tmp_path, tiny_random_model_dir, toy_file, monkeypatch)
-    folder = tmp_path / "out" / "reports" / bench.model_id(summary["model"])
+    folder = tmp_path / "out" / "reports" / bench_reports.model_id(summary["model"])
     report = report_module.Report.from_json(str(folder / "toy-arith.json"))
     assert report.dataset_name == "toy-arith"
     assert report.metrics[0].score == pytest.approx(round(1 / 6, 4))
@@ -431,7 +431,7 @@ def test_model_index_round_trips_through_huggingface_hub(tmp_path, tiny_random_m
     from poise_trl.hub import HubPushError, push_bench_results
 
     summary = _finished_summary(tmp_path, tiny_random_model_dir, toy_file, monkeypatch)
-    results = bench.eval_results(summary)
+    results = bench_reports.eval_results(summary)
     card = ModelCard(f"---\n{ModelCardData(model_name='tiny', eval_results=results).to_yaml()}\n---\n# tiny\n")
     parsed = ModelCard(str(card)).data.eval_results  # the hub's own model-index parser
     assert [(r.dataset_name, r.metric_name, r.metric_value) for r in parsed] == [

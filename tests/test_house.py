@@ -20,8 +20,9 @@ from poise_trl.trainers import algorithms
 from poise_trl.trainers.base import TrainerContract
 
 PACKAGE = Path(__file__).resolve().parents[1] / "poise_trl"
-EVALUATION = ("poise_trl.bench", "poise_trl.probe_eval", "poise_trl.grade", "poise_trl.value_model", "poise_trl.plots",
-              "poise_trl.generation", "poise_trl.metrics", "poise_trl.progress")
+EVALUATION = ("poise_trl.bench", "poise_trl.bench_data", "poise_trl.bench_scores", "poise_trl.bench_reports",
+              "poise_trl.probe_eval", "poise_trl.grade", "poise_trl.value_model", "poise_trl.plots", "poise_trl.generation",
+              "poise_trl.metrics", "poise_trl.progress")
 TRAINING = ("poise_trl.train", "poise_trl.build", "poise_trl.trainers", "poise_trl.callbacks")
 
 

@@ -75,18 +75,20 @@ def bench(
     interrupted run. Writes
     summary.json and EvalScope reports (OUTPUT_DIR/reports/MODEL/BENCH.json)."""
     from poise_trl import bench as lib
+    from poise_trl.bench_data import BenchError, DataRequest
+    from poise_trl.bench_reports import compare_results, eval_results, model_id
     from poise_trl.cli.errors import user_errors
 
     names = names or []
     try:
         if compare:
             if len(names) != 2:
-                raise lib.BenchError("--compare takes two result folders: poise bench --compare O1 O2")
-            rows, notes = lib.compare_results(*names)
+                raise BenchError("--compare takes two result folders: poise bench --compare O1 O2")
+            rows, notes = compare_results(*names)
             _print_comparison(rows, notes, *names)
             return
         if not model:
-            raise lib.BenchError("give the model to evaluate with --model (a local folder or a hub id)")
+            raise BenchError("give the model to evaluate with --model (a local folder or a hub id)")
         from poise_trl.loading import check_model_files
 
         check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before any engine starts
@@ -97,13 +99,13 @@ def bench(
             max_new_tokens=max_new_tokens, output_dir=output_dir, seed=seed,
             data_files=_data_files(data_file or [], names, preset), batch_size=batch_size, overwrite=overwrite,
             show_progress=not no_progress, preset=preset, name=name, engine=engine,
-            request=lib.DataRequest(split=split, limit=limit, columns=columns or None, config=config,
+            request=DataRequest(split=split, limit=limit, columns=columns or None, config=config,
                                     task_config=parse_key_values(task_config or [], "--task-config")),
         )
         if push_to_hub:
             from poise_trl.hub import push_bench_results
 
-            push_bench_results(push_to_hub, lib.eval_results(summary), lib.model_id(summary["model"]))
+            push_bench_results(push_to_hub, eval_results(summary), model_id(summary["model"]))
     except user_errors() as exc:  # BenchError, DatasetFormatError, DatasetUnavailableError, HubPushError, ...
         _fail(str(exc))
         return
@@ -119,7 +121,7 @@ def parse_key_values(items: list[str], option: str) -> dict | None:
     """KEY=VALUE items -> {KEY: VALUE read as YAML}, or None without items."""
     import yaml
 
-    from poise_trl.bench import BenchError
+    from poise_trl.bench_data import BenchError
 
     pairs = {}
     for item in items:
@@ -132,7 +134,7 @@ def parse_key_values(items: list[str], option: str) -> dict | None:
 
 def _data_files(items: list[str], names: list[str], preset: str | None) -> dict[str, str] | None:
     """--data-file values: all NAME=FILE (NAME a benchmark), or all bare FILEs, one per benchmark in order."""
-    from poise_trl.bench import PRESETS, BenchError
+    from poise_trl.bench_data import PRESETS, BenchError
 
     if not items:
         return None

@@ -29,7 +29,7 @@ def grade(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output."),
 ):
     """Score existing completions with each row's verifier: mean reward per task, rewards per completion."""
-    from poise_trl import bench as lib
+    from poise_trl import bench_data as lib
     from poise_trl.cli.bench import parse_key_values
     from poise_trl.cli.errors import fail, user_errors
     from poise_trl.grade import run_grade

@@ -16,7 +16,7 @@ from poise_trl.prompts import (
     held_out_split,
     load_prompt_dataset,
 )
-from poise_trl.tasks import FAMILIES, get_family, is_task
+from poise_trl.tasks import FAMILIES, get_family, is_task, mix_entry, resolve_dataset
 
 REFERENCE_SUFFIX = "Please output the final answer within \\boxed{}."
 
@@ -27,7 +27,7 @@ class BenchError(ValueError):
 
 @dataclass(frozen=True)
 class Benchmark:
-    source: str | None  # a name in poise_trl.prompts's registry, or a hub dataset id; None: --data-file only
+    source: str | list | None  # a registered name, a task, a task mix (list), a hub id; None: --data-file only
     split: str | None = None  # a hub id's split; registered names use their held-out split
     prompt_suffix: str | None = REFERENCE_SUFFIX
     max_new_tokens: int = 32768  # reasoning models need long budgets on competition math
@@ -109,6 +109,11 @@ def benchmark_source(target: str, data_file: str | Path | None = None) -> Benchm
         return spec
     if data_file is not None:
         return Benchmark(str(data_file))
+    mix = resolve_dataset(target, "benchmark")
+    if isinstance(mix, list):  # a task mix: a YAML file's `dataset:` list, or task names joined by `+`
+        for entry in mix:
+            mix_entry(entry)
+        return Benchmark(mix, "test", prompt_suffix=None)
     if is_task(target):  # rows, prompts (with their answer format) and verifiers come from the task family
         get_family(target)
         return Benchmark(target, "test", prompt_suffix=None)
@@ -127,8 +132,8 @@ def benchmark_name(target: str, data_file: str | Path | None = None, name: str |
     registered), a file's stem, or a folder's or hub id's last part."""
     if name is None:
         path = Path(target)
-        name = (target.replace(":", "-") if is_task(target) else target if target in BENCHMARKS or data_file
-                else path.stem if path.suffix else path.name)
+        name = (target.replace(":", "-") if is_task(target) or "+" in target else target
+                if target in BENCHMARKS or data_file else path.stem if path.suffix else path.name)
     if not _BENCH_NAME.fullmatch(name) or name == "reports":  # reports/ holds the EvalScope reports
         raise BenchError(f"{name!r} cannot name a results folder; pass --name NAME (letters, digits, . _ + -)")
     return name
@@ -140,7 +145,8 @@ def load_benchmark(name: str, data_file: str | Path | None = None, request: Data
     poise_trl.prompts reads) when given, else from its source (see `benchmark_source`)."""
     request = request or DataRequest()
     spec = benchmark_source(name, data_file)
-    split = request.split or (held_out_split(spec.source) if spec.source in DATASETS else spec.split)
+    split = request.split or (held_out_split(spec.source) if isinstance(spec.source, str) and spec.source in DATASETS
+                              else spec.split)
     try:
         return load_prompt_dataset(
             spec.source, split=split, columns=request.columns, prompt_suffix=spec.prompt_suffix,

@@ -65,7 +65,7 @@ from poise_trl.plots import plot_layer_sweep, plot_predictions, plot_transfer
 from poise_trl.probe import LinearValueProbe
 from poise_trl.progress import progress_bars
 from poise_trl.provenance import package_versions, write_json, write_text
-from poise_trl.tasks import is_task, mix_entry, score_rows
+from poise_trl.tasks import is_task, mix_entry, resolve_dataset, score_rows
 from poise_trl.tasks.math_grader import answer_to_str, is_correct
 from poise_trl.value_model import load_value_model, predict_value_model, train_value_model
 
@@ -82,7 +82,6 @@ PROBE_VARIANTS = {  # which feature groups each probe sees (seed 000, Sec. 5 abl
 VALUE_TARGETS = ("reward", "loo")
 # Prompts each side of a split needs: a probe's prompt PCA needs two prompts to vary, a Pearson two points.
 MIN_SIDE_PROMPTS = 2
-MIX_FILE_SUFFIXES = (".yaml", ".yml")
 
 
 class ProbeEvalError(ValueError):
@@ -123,41 +122,6 @@ class ProbeEvalSettings:
 
 
 # ---------------------------------------------------------------------------------------------- data
-
-
-def resolve_dataset(dataset: str | list) -> str | list:
-    """What `load_prompt_dataset` reads for `--dataset`: a YAML file (.yaml/.yml) gives its `dataset:` list, a
-    task mix in the recipe format; task names joined by `+` (`reasoning-gym:a+reasoning-gym:b`) are a mix of
-    equal weights; a list is a mix already; anything else (a name, file, folder or hub id) is itself."""
-    if isinstance(dataset, (list, tuple)):
-        return list(dataset)
-    path = Path(dataset)
-    if path.suffix in MIX_FILE_SUFFIXES:
-        return read_mix_file(path)
-    if "+" in dataset and not path.exists():
-        names = [name.strip() for name in dataset.split("+")]
-        if not all(names):
-            raise ProbeEvalError(f"--dataset {dataset!r} has an empty task name; join task names with '+', e.g. "
-                                 "reasoning-gym:leg_counting+reasoning-gym:chain_sum")
-        return names
-    return dataset
-
-
-def read_mix_file(path: Path) -> list:
-    """The `dataset:` list of a YAML file (a recipe's mix: task names or {name, weight, size, seed, config})."""
-    import yaml
-
-    if not path.is_file():
-        raise ProbeEvalError(f"--dataset {path}: no such mix file")
-    try:
-        content = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ProbeEvalError(f"--dataset {path} is not valid YAML: {' '.join(str(exc).split())}") from None
-    mix = content.get("dataset") if isinstance(content, dict) else None
-    if not isinstance(mix, list) or not mix:
-        raise ProbeEvalError(f"--dataset {path} has no `dataset:` list; give one, e.g. dataset: "
-                             "[reasoning-gym:leg_counting, {name: reasoning-gym:chain_sum, weight: 2}]")
-    return mix
 
 
 def check_mix_size(source: str | list, limit: int | None) -> None:

@@ -78,3 +78,19 @@ def test_mismatched_or_broken_completion_files_give_one_line_and_keep_what_exist
     out.write_text("finished work\n")
     assert_one_line_error(*cli("reasoning-gym:leg_counting", "--limit", 2, "-c", path, "-o", out), "exists")
     assert out.read_text() == "finished work\n"
+
+
+def test_a_task_mix_is_graded_per_task(tmp_path):
+    """`+` joins task names into a mix of equal weights (a YAML file with a `dataset:` list works too)."""
+    from poise_trl.bench_data import DataRequest, load_benchmark
+
+    mix = "reasoning-gym:leg_counting+reasoning-gym:basic_arithmetic"
+    rows = load_benchmark(mix, None, DataRequest(limit=4), seed=0)
+    assert sorted(set(rows["task"])) == ["reasoning-gym:basic_arithmetic", "reasoning-gym:leg_counting"]
+    path = write_jsonl(tmp_path / "mix.jsonl", [{"completion": f"<answer>{answer}</answer>"} for answer in rows["answer"]])
+    result, output = cli(mix, "--limit", 4, "-c", path)
+    assert result.exit_code == 0, output
+    summary = json.loads((tmp_path / "mix.jsonl.graded.jsonl.summary.json").read_text())
+    assert {task: stats["mean_reward"] for task, stats in summary["by_task"].items()} == {
+        "reasoning-gym:leg_counting": 1.0, "reasoning-gym:basic_arithmetic": 1.0}
+    assert "reasoning-gym:basic_arithmetic" in output and "all" in output

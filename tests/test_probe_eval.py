@@ -23,7 +23,7 @@ from poise_trl.estimators import leave_one_out_targets
 from poise_trl.features import RolloutFeatures
 from poise_trl.generation import TransformersEngine
 from poise_trl.probe import LinearValueProbe
-from poise_trl.tasks import TaskError
+from poise_trl.tasks import TaskError, resolve_dataset
 
 CHAIN_SUM, LEG_COUNTING = "reasoning-gym:chain_sum", "reasoning-gym:leg_counting"
 SHORT = "config: {system_prompt: direct}"  # reasoning-gym's shortest system prompt: shorter sequences to embed
@@ -131,25 +131,25 @@ def test_a_mix_splits_each_task_on_its_own():
 
 
 def test_dataset_option_reads_task_mixes(tmp_path):
-    assert pe.resolve_dataset(f"{CHAIN_SUM}+{LEG_COUNTING}") == [CHAIN_SUM, LEG_COUNTING]
-    assert pe.resolve_dataset("toy-arith") == "toy-arith" and pe.resolve_dataset(CHAIN_SUM) == CHAIN_SUM
+    assert resolve_dataset(f"{CHAIN_SUM}+{LEG_COUNTING}") == [CHAIN_SUM, LEG_COUNTING]
+    assert resolve_dataset("toy-arith") == "toy-arith" and resolve_dataset(CHAIN_SUM) == CHAIN_SUM
     mix = tmp_path / "mix.yaml"
     mix.write_text(f"dataset:\n  - {CHAIN_SUM}\n  - {{name: {LEG_COUNTING}, weight: 3}}\n")
-    assert pe.resolve_dataset(str(mix)) == [CHAIN_SUM, {"name": LEG_COUNTING, "weight": 3}]
+    assert resolve_dataset(str(mix)) == [CHAIN_SUM, {"name": LEG_COUNTING, "weight": 3}]
     plus_file = tmp_path / "a+b.jsonl"  # a file whose name holds a '+' is a file
     plus_file.write_text("")
-    assert pe.resolve_dataset(str(plus_file)) == str(plus_file)
+    assert resolve_dataset(str(plus_file)) == str(plus_file)
 
     (tmp_path / "no_list.yaml").write_text(f"dataset: {CHAIN_SUM}\n")
-    with pytest.raises(pe.ProbeEvalError, match="no `dataset:` list"):
-        pe.resolve_dataset(str(tmp_path / "no_list.yaml"))
-    with pytest.raises(pe.ProbeEvalError, match="no such mix file"):
-        pe.resolve_dataset(str(tmp_path / "missing.yml"))
-    with pytest.raises(pe.ProbeEvalError, match="empty task name"):
-        pe.resolve_dataset(f"{CHAIN_SUM}+")
+    with pytest.raises(TaskError, match="no `dataset:` list"):
+        resolve_dataset(str(tmp_path / "no_list.yaml"))
+    with pytest.raises(TaskError, match="no such mix file"):
+        resolve_dataset(str(tmp_path / "missing.yml"))
+    with pytest.raises(TaskError, match="empty task name"):
+        resolve_dataset(f"{CHAIN_SUM}+")
     with pytest.raises(pe.ProbeEvalError, match="give --limit"):  # weights share --limit; without it, ignored
-        pe.check_mix_size(pe.resolve_dataset(str(mix)), limit=None)
-    pe.check_mix_size(pe.resolve_dataset(str(mix)), limit=8)
+        pe.check_mix_size(resolve_dataset(str(mix)), limit=None)
+    pe.check_mix_size(resolve_dataset(str(mix)), limit=8)
     pe.check_mix_size([CHAIN_SUM, LEG_COUNTING], limit=None)  # equal weights: each task's own default count
     with pytest.raises(TaskError, match="did you mean 'reasoning-gym'"):
         pe.check_mix_size(["reasoning-gymm:chain_sum", {"name": CHAIN_SUM, "weight": 2}], limit=None)

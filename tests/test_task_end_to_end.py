@@ -60,3 +60,16 @@ def test_bench_on_five_problems_of_each_task_scores_per_problem_and_resumes(tmp_
     again = CliRunner().invoke(app, args)  # everything is on disk: nothing is generated again
     assert again.exit_code == 0, again.output
     assert json.loads((out / "summary.json").read_text())["engine"] is None
+
+
+def test_bench_on_a_task_mix_file_prints_a_table_per_task(tmp_path):
+    mix = tmp_path / "mix.yaml"
+    mix.write_text("dataset:\n  - reasoning-gym:leg_counting\n  - {name: reasoning-gym:basic_arithmetic, weight: 2}\n")
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(app, ["bench", str(mix), "--model", "data/tiny-qwen3", "--limit", "6", "-n", "2",
+                                      "--max-new-tokens", "8", "--engine", "transformers", "-o", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    by_task = json.loads((out / "summary.json").read_text())["benchmarks"]["mix"]["metrics"]["by_task"]
+    assert {task: m["num_problems"] for task, m in by_task.items()} == {
+        "reasoning-gym:leg_counting": 2, "reasoning-gym:basic_arithmetic": 4}
+    assert "mix by task" in result.output

@@ -35,6 +35,7 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class TaskError(ValueError):
@@ -276,3 +277,41 @@ def completion_text(completion) -> str:
     # `</think>` rules see what the model actually wrote.
     reasoning = message.get("reasoning_content") or message.get("thinking")
     return f"<think>\n{reasoning}\n</think>\n{content}" if reasoning else content
+
+
+MIX_FILE_SUFFIXES = (".yaml", ".yml")
+
+
+def resolve_dataset(dataset: str | list, option: str = "--dataset") -> str | list:
+    """What `load_prompt_dataset` reads for a dataset named on the command line (`option`): a YAML file (.yaml/.yml) gives its `dataset:` list, a
+    task mix in the recipe format; task names joined by `+` (`reasoning-gym:a+reasoning-gym:b`) are a mix of
+    equal weights; a list is a mix already; anything else (a name, file, folder or hub id) is itself."""
+    if isinstance(dataset, (list, tuple)):
+        return list(dataset)
+    path = Path(dataset)
+    if path.suffix in MIX_FILE_SUFFIXES:
+        return read_mix_file(path, option)
+    if "+" in dataset and not path.exists():
+        names = [name.strip() for name in dataset.split("+")]
+        if not all(names):
+            raise TaskError(f"{option} {dataset!r} has an empty task name; join task names with '+', e.g. "
+                                 "reasoning-gym:leg_counting+reasoning-gym:chain_sum")
+        return names
+    return dataset
+
+
+def read_mix_file(path: Path, option: str = "--dataset") -> list:
+    """The `dataset:` list of a YAML file (a recipe's mix: task names or {name, weight, size, seed, config})."""
+    import yaml
+
+    if not path.is_file():
+        raise TaskError(f"{option} {path}: no such mix file")
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise TaskError(f"{option} {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    mix = content.get("dataset") if isinstance(content, dict) else None
+    if not isinstance(mix, list) or not mix:
+        raise TaskError(f"{option} {path} has no `dataset:` list; give one, e.g. dataset: "
+                             "[reasoning-gym:leg_counting, {name: reasoning-gym:chain_sum, weight: 2}]")
+    return mix

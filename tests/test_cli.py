@@ -4,8 +4,9 @@ import shutil
 
 import pytest
 from helpers import assert_one_line_error
-from poise_trl.cli.main import app
 from typer.testing import CliRunner
+
+from poise_trl.cli.main import app
 
 runner = CliRunner()
 

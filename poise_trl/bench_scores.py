@@ -10,22 +10,21 @@ from decimal import Decimal
 from poise_trl.bench_data import BenchError
 from poise_trl.metrics import mean_and_stderr, pass_at_k, pass_ks
 from poise_trl.tasks import extract_tagged_answer, get_family, score_rows
-from poise_trl.tasks.math_grader import extract_final_answer, is_correct
+from poise_trl.tasks.math_grader import extract_final_answer
+from poise_trl.tasks.math_grader import grade_batch as grade_math
 
 # ------------------------------------------------------------------------------------------- grading
 
 
-def grade(text: str, gold) -> dict:
-    """What bench stores about a completion: whether math-verify accepts it and the answer it votes for."""
-    return {"correct": is_correct(text, gold), "answer": extract_final_answer(text)}
-
-
 def grade_batch(texts: list[str], rows: list[dict]) -> list[dict]:
-    """`grade` for math rows; task rows (`task`, `verifier` columns) by their own verifier, all at once (a code
-    family runs its programs in one sandbox pool): `reward` in [0, 1], `correct` when it is 1 (pass@k counts
-    those), and the `<answer>` it votes for where the family asks for one."""
+    """What bench stores about each completion, all of a batch at once: for math rows whether math-verify
+    accepts it (one round trip to the grading worker) and the final answer it votes for; task rows (`task`,
+    `verifier` columns) by their own verifier (a code family runs its programs in one sandbox pool): `reward`
+    in [0, 1], `correct` when it is 1 (pass@k counts those), and the answer it votes for where the family asks
+    for one."""
     if not rows or "task" not in rows[0]:
-        return [grade(text, row["answer"]) for text, row in zip(texts, rows, strict=True)]
+        correct = grade_math([(text, row["answer"]) for text, row in zip(texts, rows, strict=True)])
+        return [{"correct": ok, "answer": extract_final_answer(text)} for text, ok in zip(texts, correct, strict=True)]
     rewards = score_rows(texts, [row["task"] for row in rows], [row["verifier"] for row in rows])
     return [{"reward": reward, "correct": reward >= 1.0, "answer": voted_answer(row["task"], text)}
             for text, row, reward in zip(texts, rows, rewards, strict=True)]

@@ -452,20 +452,20 @@ def evaluate_accuracy(
     """Avg@num_samples on a prompt dataset (`prompt`, `answer`, optional `level`; task rows carry `task` and
     `verifier` and are scored by their own verifier): overall, its standard error over prompts, per level
     and per task."""
-    from poise_trl.tasks.math_grader import is_correct
+    from poise_trl.tasks import by_task_means, score_rows
+    from poise_trl.tasks.math_grader import grade_batch
 
     samples = engine.sample(dataset["prompt"], num_samples, temperature=temperature, top_p=top_p,
                             max_new_tokens=max_new_tokens, seed=seed)
     answers = dataset["answer"]
     per_prompt = [0.0] * len(dataset)
     if "task" in dataset.column_names:  # each row's own verifier (poise_trl.tasks)
-        from poise_trl.tasks import score_rows
-
         tasks, verifiers = dataset["task"], dataset["verifier"]
         scores = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],
                             [verifiers[s.prompt_index] for s in samples])
     else:
-        scores = [float(is_correct(s.text, answers[s.prompt_index])) for s in samples]
+        # one round trip to the grading worker for the whole evaluation, not one per sample
+        scores = [float(correct) for correct in grade_batch([(s.text, answers[s.prompt_index]) for s in samples])]
     for s, score in zip(samples, scores, strict=True):
         per_prompt[s.prompt_index] += score / num_samples
     mean = sum(per_prompt) / len(per_prompt)
@@ -480,9 +480,6 @@ def evaluate_accuracy(
         "engine": engine.kind,
     }
     for column, key in (("level", "by_level"), ("task", "by_task")):
-        if column in dataset.column_names:
-            groups: dict[str, list[float]] = {}
-            for value, p in zip(dataset[column], per_prompt, strict=True):
-                groups.setdefault(str(value), []).append(p)
-            result[key] = {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+        if column in dataset.column_names:  # a level groups prompts the way a task does
+            result[key] = by_task_means([str(value) for value in dataset[column]], per_prompt)
     return result

@@ -66,7 +66,7 @@ from poise_trl.probe import LinearValueProbe
 from poise_trl.progress import progress_bars
 from poise_trl.provenance import package_versions, write_json, write_text
 from poise_trl.tasks import is_task, mix_entry, resolve_dataset, score_rows
-from poise_trl.tasks.math_grader import answer_to_str, is_correct
+from poise_trl.tasks.math_grader import answer_to_str, grade_batch
 from poise_trl.value_model import load_value_model, predict_value_model, train_value_model
 
 # poise-spec: the reference run's max response; names `poise bench` knows use their budget (toy-arith: 96).
@@ -276,7 +276,7 @@ def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, pr
         rewards = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],
                              [verifiers[s.prompt_index] for s in samples])
     else:
-        rewards = [float(is_correct(s.text, answers[s.prompt_index])) for s in samples]
+        rewards = [float(ok) for ok in grade_batch([(s.text, answers[s.prompt_index]) for s in samples])]
     for s, reward in zip(samples, rewards, strict=True):
         groups[s.prompt_index]["rollouts"].append({
             "reward": reward,

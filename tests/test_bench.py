@@ -110,8 +110,8 @@ def test_majority_vote():
 
 @pytest.mark.parametrize("text", ["70", "70.0", "\\boxed{070}", "<think>\n35+35\n</think>\n\\boxed{70}"])
 def test_grade_accepts_equivalent_answers(text):
-    assert bench_scores.grade(text, "70")["correct"]
-    assert bench_scores.grade(text, 70.0)["correct"]
+    assert bench_scores.grade_batch([text], [{"answer": "70"}])[0]["correct"]
+    assert bench_scores.grade_batch([text], [{"answer": 70.0}])[0]["correct"]
 
 
 def test_grading_path_of_a_run(tmp_path, tiny_random_model_dir, monkeypatch):

@@ -49,8 +49,8 @@ def sampler_calls(monkeypatch) -> list[dict]:
         return real(engine, *args, **kwargs)
 
     monkeypatch.setattr(TransformersEngine, "sample", counting)
-    monkeypatch.setattr(pe, "is_correct", lambda text, gold: hash_coin(text))
-    # Task rows are graded by their verifier (tasks.score_rows), never by is_correct.
+    monkeypatch.setattr(pe, "grade_batch", lambda pairs: [hash_coin(text) for text, _ in pairs])
+    # Task rows are graded by their verifier (tasks.score_rows), never by the math grader.
     monkeypatch.setattr(pe, "score_rows", lambda texts, tasks, verifiers: [float(hash_coin(t)) for t in texts])
     return calls
 

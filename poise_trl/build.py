@@ -206,13 +206,15 @@ class Run:
 
 
 def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, overwrite: bool = False,
-              show_progress: bool = False, reward_funcs: list | None = None, trainer_class: type | None = None) -> Run:
+              show_progress: bool = False, reward_funcs: list | None = None, trainer_class: type | None = None,
+              callbacks: list | None = None) -> Run:
     """Recipe -> checked model, data, rewards and output folder -> trainer with poise-trl's callbacks.
 
     Every check runs before the trainer is built and nothing is written; the reward functions are called
     once on a dry batch of train rows (`rewards.check_reward_functions`). For Python callers:
     `reward_funcs` replaces the recipe's `rewards` with callables (TRL's reward-function signature), and
-    `trainer_class` a subclass of the algorithm's trainer (an instrumented one, say)."""
+    `trainer_class` a subclass of the algorithm's trainer (an instrumented one, say), and `callbacks` are
+    TrainerCallbacks called before poise-trl's own (a benchmark's step clock, say)."""
     parsed = recipe if isinstance(recipe, ParsedRecipe) else parse_recipe(recipe, output_dir)
     settings, args = parsed.settings, parsed.args
     if settings.push_to_hub and not args.hub_model_id:
@@ -241,7 +243,8 @@ def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, ove
         temperature=settings.eval_temperature, max_new_tokens=settings.eval_max_new_tokens,
         batch_size=settings.eval_batch_size, seed=args.seed, budget=budget, resume_from=run.resume_from,
     )
-    callbacks = [run.eval_callback] + ([RichProgressCallback(run.eval_callback)] if show_progress else [])
+    callbacks = [*(callbacks or []), run.eval_callback] + (
+        [RichProgressCallback(run.eval_callback)] if show_progress else [])
     trainer_class = trainer_class or parsed.algorithm.trainer_class
     if not issubclass(trainer_class, parsed.algorithm.trainer_class):
         raise TypeError(f"trainer_class {trainer_class.__name__} does not extend {parsed.algorithm.trainer_class.__name__}")

@@ -401,16 +401,21 @@ class HiddenStateCapture(ForwardHooks):
 # ---------------------------------------------------------------------------------------------
 
 
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk: int = 1024) -> torch.Tensor:
-    """Full-vocabulary entropy (nats) of softmax(logits / temperature) over the last dim, float32.
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 16) -> torch.Tensor:
+    """(B, T) full-vocabulary entropy (nats) of softmax(logits / temperature) over the last dim, float32.
 
-    Chunked over positions so the float32 copy of the logits stays small for long completions.
+    Computed `chunk_rows` next-token distributions at a time: each float32 temporary is then
+    chunk_rows x vocabulary (10 MB at Qwen3's 152k), where the whole (B, T, vocabulary) block would
+    add several copies of the logits to the step's peak memory (measured: benchmarks/step_cost.py).
     """
+    flat = logits.reshape(-1, logits.shape[-1])
     out = []
-    for start in range(0, logits.shape[1], chunk):
-        logp = torch.log_softmax(logits[:, start : start + chunk].float() / temperature, dim=-1)
+    for start in range(0, flat.shape[0], chunk_rows):
+        logp = torch.log_softmax(flat[start : start + chunk_rows].float() / temperature, dim=-1)
         out.append(-(logp.exp() * logp).sum(-1))
-    return torch.cat(out, dim=1) if out else logits.new_zeros(logits.shape[:2], dtype=torch.float32)
+    if not out:
+        return logits.new_zeros(logits.shape[:2], dtype=torch.float32)
+    return torch.cat(out).view(logits.shape[:2])
 
 
 def extract_features(

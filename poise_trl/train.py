@@ -33,17 +33,18 @@ def save_full_model(trainer, folder: Path) -> None:
 
 
 def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress: bool = True,
-                      overwrite: bool = False, log=print) -> dict:
+                      overwrite: bool = False, log=print, callbacks: list | None = None) -> dict:
     """Run one recipe to completion; returns (and writes) the summary.
 
     Recipe, model, data and output folder are checked before anything is written. An output
     folder holding an unfinished run of the same recipe resumes from its newest complete
     checkpoint; a finished one is left untouched and its summary returned (with
     `already_finished: True`, not written); one holding another run is refused unless
-    `overwrite`. `log` gets the one-line notes (resuming, finished, skipped checkpoints)."""
+    `overwrite`. `log` gets the one-line notes (resuming, finished, skipped checkpoints); `callbacks`
+    (TrainerCallbacks) go to `build.build_run`."""
     parsed = parse_recipe(recipe, output_dir)
     check_memory_plan(parsed)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
-    run = build_run(parsed, overwrite=overwrite, show_progress=show_progress)
+    run = build_run(parsed, overwrite=overwrite, show_progress=show_progress, callbacks=callbacks)
     settings, args, folder = parsed.settings, parsed.args, run.folder
     out = folder.path
     for warning in folder.warnings:

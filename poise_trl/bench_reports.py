@@ -1,5 +1,5 @@
-"""`poise bench`'s results in other tools' terms (EvalScope reports, a hub card's model-index entries) and
-side by side (`poise bench --compare`)."""
+"""`poise bench`'s results in other tools' terms (EvalScope reports, lighteval's results file, a hub card's
+model-index entries) and side by side (`poise bench --compare`)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,72 @@ def write_evalscope_reports(summary: dict, output_dir: Path) -> list[Path]:
         write_json(path, evalscope_report(name, entry, summary["model"]))
         paths.append(path)
     return paths
+
+
+LIGHTEVAL_RESULTS = "results_lighteval.json"
+
+
+def lighteval_metric_name(score: str, num_samples: int) -> str:
+    """lighteval's name for one of bench's scores: the metric, then its sample parameters (`avg@n:n=32`,
+    `maj@n:n=32`, `pass@k:k=1&n=32`), as its parametrized metrics name themselves."""
+    if score.startswith("pass@"):
+        return f"pass@k:k={score.removeprefix('pass@')}&n={num_samples}"
+    return f"{score}@n:n={num_samples}"
+
+
+def lighteval_scores(scores: dict, num_samples: int) -> dict:
+    """Scores as one task's entry of lighteval's `results`: every metric, then `<metric>_stderr`."""
+    entry = {}
+    for score, result in scores.items():
+        name = lighteval_metric_name(score, num_samples)
+        entry[name] = result["value"]
+        entry[f"{name}_stderr"] = result["stderr"]
+    return entry
+
+
+def lighteval_results(summary: dict) -> dict:
+    """The summary in the layout of the `results_<time>.json` that lighteval writes (its EvaluationTracker's
+    `results`; docs/source/saving-and-reading-results.mdx): `config_general`, `results`, `versions`,
+    `config_tasks`. Benchmarks are zero-shot tasks `<bench>|0`, the tasks of a mix `<bench>:<task>|0`
+    (lighteval's subtask names). `all` is summary.json's `average` (the unweighted mean over benchmarks,
+    standard errors in quadrature) where lighteval averages every key, standard errors included. Left out:
+    `summary_tasks` and `summary_general` (hashes of lighteval's prompts and tokens)."""
+    benchmarks = summary["benchmarks"]
+    first = next(iter(benchmarks.values()))["settings"]
+    n = first["num_samples"]  # one invocation samples every benchmark n times
+    results, config_tasks = {}, {}
+    for name, entry in benchmarks.items():
+        settings, metrics = entry["settings"], entry["metrics"]
+        results[f"{name}|0"] = lighteval_scores(metrics["scores"], n)
+        by_task = metrics.get("by_task", {})
+        if len(by_task) > 1:
+            results.update({f"{name}:{task}|0": lighteval_scores(m["scores"], n)
+                            for task, m in by_task.items()})
+        config_tasks[f"{name}|0"] = {
+            "name": name, "hf_repo": str(settings["data_source"]),
+            "evaluation_splits": [settings["split"]] if settings.get("split") else [],
+            "metrics": [{"metric_name": lighteval_metric_name(score, n), "higher_is_better": True}
+                        for score in metrics["scores"]],
+            "generation_size": settings["max_new_tokens"], "num_samples": [n], "num_fewshots": 0,
+            "effective_num_docs": metrics["num_problems"], "version": 0,
+        }
+    results["all"] = lighteval_scores(summary["average"]["scores"], n)
+    generation = {key: first[key] for key in ("temperature", "top_p", "seed")}
+    return {
+        "config_general": {
+            "model_name": summary["model"], "max_samples": first.get("limit"), "num_fewshot_seeds": 1,
+            "model_config": {"model_name": summary["model"], "generation_parameters": generation},
+        },
+        "results": results,
+        "versions": dict.fromkeys(config_tasks, 0),
+        "config_tasks": config_tasks,
+    }
+
+
+def write_lighteval_results(summary: dict, output_dir: Path) -> Path:
+    """`output_dir/results_lighteval.json`: one fixed name beside summary.json (lighteval's own file is
+    `results/<model>/results_<time>.json`, one more per run), so a rerun replaces it."""
+    return write_json(Path(output_dir) / LIGHTEVAL_RESULTS, lighteval_results(summary))
 
 
 def eval_results(summary: dict) -> list:

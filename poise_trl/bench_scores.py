@@ -17,14 +17,15 @@ from poise_trl.tasks.math_grader import grade_batch as grade_math
 
 
 def grade_batch(texts: list[str], rows: list[dict]) -> list[dict]:
-    """What bench stores about each completion, all of a batch at once: for math rows whether math-verify
-    accepts it (one round trip to the grading worker) and the final answer it votes for; task rows (`task`,
-    `verifier` columns) by their own verifier (a code family runs its programs in one sandbox pool): `reward`
-    in [0, 1], `correct` when it is 1 (pass@k counts those), and the answer it votes for where the family asks
-    for one."""
+    """What bench stores about each completion, all of a batch at once: `reward` in [0, 1], `correct` when
+    it is 1 (pass@k counts those) and the answer it votes for. Math rows: math-verify's verdict (one round
+    trip to the grading worker, reward 1 or 0) and the final boxed answer; task rows (`task`, `verifier`
+    columns): their own verifier (a code family runs its programs in one sandbox pool) and the answer where
+    the family asks for one."""
     if not rows or "task" not in rows[0]:
         correct = grade_math([(text, row["answer"]) for text, row in zip(texts, rows, strict=True)])
-        return [{"correct": ok, "answer": extract_final_answer(text)} for text, ok in zip(texts, correct, strict=True)]
+        return [{"reward": float(ok), "correct": ok, "answer": extract_final_answer(text)}
+                for text, ok in zip(texts, correct, strict=True)]
     rewards = score_rows(texts, [row["task"] for row in rows], [row["verifier"] for row in rows])
     return [{"reward": reward, "correct": reward >= 1.0, "answer": voted_answer(row["task"], text)}
             for text, row, reward in zip(texts, rows, rewards, strict=True)]
@@ -89,7 +90,8 @@ def majority_correct(records: list[dict]) -> bool:
 
 
 def reward_of(record: dict) -> float:
-    """A graded sample's reward: a task's (partial credit possible), or 1/0 for a math answer."""
+    """A graded sample's reward: a task's (partial credit possible) or 1/0 for a math answer, which records
+    written before bench stored math rewards give by `correct`."""
     return float(record.get("reward", record["correct"]))
 
 

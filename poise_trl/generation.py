@@ -35,8 +35,15 @@ class Sample:
     prompt_index: int
     text: str
     num_tokens: int
-    truncated: bool
+    truncated: bool  # cut off by the token budget
     token_ids: list[int] = field(default_factory=list)  # the completion as generated, EOS included
+    # Why generation ended, in vLLM's words: "stop" (EOS or a stop string) or "length" (the token budget).
+    # An engine that knows only whether the budget cut it off leaves it to `truncated`.
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = "length" if self.truncated else "stop"
 
 
 # Below this size a model's matmuls are too small to split between threads: on CPU the per-op
@@ -223,6 +230,7 @@ def sample_transformers(
                             num_tokens=length,
                             truncated=not ended,
                             token_ids=ids[:length],
+                            finish_reason="stop" if ended else "length",
                         )
                     )
                 samples.extend(batch)
@@ -331,7 +339,8 @@ def sample_vllm(
         ]
         outputs = llm.generate([texts[i] for i in call], params, use_tqdm=False)
         batch = [
-            Sample(indices[i], o.text, len(o.token_ids), o.finish_reason == "length", list(o.token_ids))
+            Sample(indices[i], o.text, len(o.token_ids), o.finish_reason == "length", list(o.token_ids),
+                   o.finish_reason)
             for i, output in zip(call, outputs, strict=True)
             for o in output.outputs
         ]

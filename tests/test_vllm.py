@@ -112,6 +112,11 @@ def test_bench_through_vllm_agrees_with_transformers(tmp_path):
     by_vllm = json.loads((tmp_path / "vllm" / "summary.json").read_text())
     by_hf = json.loads((tmp_path / "hf" / "summary.json").read_text())
     assert by_vllm["engine"] == "vllm" and by_hf["engine"] == "transformers"
+    # vLLM's own finish reason reaches samples.jsonl: "length" only where the 96-token budget ran out
+    records = [json.loads(line) for line in (tmp_path / "vllm" / "toy-arith" / "samples.jsonl").open()]
+    reasons = {r["finish_reason"] for r in records}
+    assert "stop" in reasons and reasons <= {"stop", "length"}
+    assert all(r["num_tokens"] == 96 for r in records if r["finish_reason"] == "length")
     a, b = (s["benchmarks"]["toy-arith"]["metrics"]["scores"]["avg"] for s in (by_vllm, by_hf))
     assert abs(a["value"] - b["value"]) <= 3 * (a["stderr"] ** 2 + b["stderr"] ** 2) ** 0.5, (a, b)
 

@@ -73,7 +73,8 @@ def bench(
 ):
     """Sample, grade and score benchmarks (Avg@n, pass@k, maj@n; tasks per task and per problem); resumes an
     interrupted run. Writes
-    summary.json and EvalScope reports (OUTPUT_DIR/reports/MODEL/BENCH.json)."""
+    summary.json, EvalScope reports (OUTPUT_DIR/reports/MODEL/BENCH.json) and lighteval's results layout
+    (OUTPUT_DIR/results_lighteval.json)."""
     from poise_trl import bench as lib
     from poise_trl.bench_data import BenchError, DataRequest
     from poise_trl.bench_reports import compare_results, eval_results, model_id

@@ -11,7 +11,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+# The public AIME/AMC/MATH-500 files some loader tests read. They are not redistributed in this repository
+# (and the hub is out of reach offline): CI's checkout has them beside the clone; elsewhere point
+# POISE_SHARED_DATA at a folder holding them (aime25/, math500/, ... as in CI).
+SHARED_DATA = Path(os.environ.get("POISE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+SHARED_DATA_ABSENT = ("the public AIME/AMC/MATH-500 files are not in this repository and not beside it "
+                      "(../shared/data): set POISE_SHARED_DATA to a folder holding them")
+needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=SHARED_DATA_ABSENT)
 BUNDLED_MODEL = REPO_ROOT / "poise_trl" / "data" / "tiny-qwen3"
 
 
@@ -45,10 +51,3 @@ def bundled_model_dir() -> Path:
     if not (BUNDLED_MODEL / "model.safetensors").exists():
         pytest.skip("the bundled tiny model is not built (poise toy build)")
     return BUNDLED_MODEL
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip("../shared/data is absent")
-    return SHARED_DATA

@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 import huggingface_hub.constants
 import pytest
+from conftest import SHARED_DATA, needs_shared_data
 
 from poise_trl import toy_task
 from poise_trl.prompts import (
@@ -23,9 +24,6 @@ from poise_trl.prompts import (
     load_prompt_dataset,
 )
 from poise_trl.tasks.math_grader import is_correct
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"{SHARED_DATA} not present")
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -28,7 +28,7 @@ CHECKPOINT_MARKER = "checkpoint_complete.json"  # written last into a checkpoint
 NOT_SETTINGS = {"resume_from_checkpoint", "push_to_hub", "hub_model_id", "output_dir"}
 # What `poise train` writes into an output folder; --overwrite removes nothing else.
 RUN_ENTRIES = ("recipe.yaml", "summary.json", "probe_report.json", "probe_values.png", "critic_report.json",
-               "critic_values.png", "README.md", "final",
+               "critic_values.png", "README.md", "final", "completions.jsonl", "completions",  # log_completions
                "checkpoint-*", "*.tmp")
 
 

@@ -25,6 +25,13 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
+from poise_trl.completions import (
+    COMPLETIONS_FILE,
+    CompletionTable,
+    into_trl_table,
+    per_completion_advantages,
+    truncate_after,
+)
 from poise_trl.distributed import summed_over_processes
 from poise_trl.run_folder import checkpoint_folder
 from poise_trl.tasks import by_task_means
@@ -100,6 +107,8 @@ class TrainerContract:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             self.load_side_state(Path(checkpoint))
+            if self.accelerator.is_main_process:  # the state is the checkpoint's: later steps get generated again
+                truncate_after(Path(self.args.output_dir) / COMPLETIONS_FILE, self.state.global_step)
 
 
 class CountingGRPOTrainer(TrainerContract, GRPOTrainer):
@@ -108,11 +117,18 @@ class CountingGRPOTrainer(TrainerContract, GRPOTrainer):
     dynamic sampling drops. TRL's own `num_tokens` also counts prompt tokens. The counts go
     into every training log entry; `HeldOutEvalCallback` carries them across resumes.
     Callbacks put values for the step's log entry in `pending_logs` (a separate `log()` call
-    would take the step's TRL metrics with it)."""
+    would take the step's TRL metrics with it).
+
+    With `log_completions: true`, every training round goes into the completion table
+    (`poise_trl.completions`): TRL's tracker table, with the trainer's final advantages, the task
+    and the columns a subclass puts in `table_columns` (POISE: its baseline), and completions.jsonl."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.init_counters()
+        self.completion_table = (CompletionTable(self.args.output_dir, self.accelerator.is_main_process)
+                                 if self.args.log_completions else None)
+        self.table_columns: dict[str, list] = {}  # this round's extra columns, over all processes
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         # Forward passes of the policy, with and without grad: how POISE shows that its features
@@ -129,17 +145,41 @@ class CountingGRPOTrainer(TrainerContract, GRPOTrainer):
             self.generated_tokens += int(tokens)
             self.generated_rollouts += int(rollouts)
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._round_rewards = self._logged_rewards(rewards_per_func)
+        self.table_columns = {}
         if "task" in inputs[0]:
-            self._log_task_rewards(gather_object([row["task"] for row in inputs]), rewards_per_func)
+            tasks = gather_object([row["task"] for row in inputs])
+            record_task_rewards(self._metrics["train" if self.model.training else "eval"], tasks, self._round_rewards)
+            self.table_columns["task"] = tasks
         return rewards_per_func
 
-    def _log_task_rewards(self, tasks: list[str], rewards_per_func: torch.Tensor) -> None:
-        # The reward TRL logs as `reward`: weighted sum over functions, NaN where every function said None.
+    def _logged_rewards(self, rewards_per_func: torch.Tensor) -> list[float]:
+        """The reward TRL logs as `reward` (all processes' rows): weighted sum over functions, NaN where every
+        function said None."""
         weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
         rewards = (rewards_per_func * weights).nansum(dim=1)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        mode = "train" if self.model.training else "eval"
-        record_task_rewards(self._metrics[mode], tasks, rewards.tolist())
+        return rewards.tolist()
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            self.replace_advantages(output)
+            if self.completion_table is not None:
+                self._record_completions(output)
+        return output
+
+    def replace_advantages(self, output: dict) -> None:
+        """Where a subclass puts its own advantages into a training round's `output`; TRL's stay here."""
+
+    def _record_completions(self, output: dict) -> None:
+        local = per_completion_advantages(output["advantages"], output["completion_mask"])
+        advantages = self.accelerator.gather(local).tolist()
+        n = len(advantages)  # TRL has just appended this round's gathered prompts and completions to `_logs`
+        prompts, completions = list(self._logs["prompt"])[-n:], list(self._logs["completion"])[-n:]
+        into_trl_table(self._logs, advantages, self.table_columns)
+        self.completion_table.add_round(self.state.global_step + 1, prompts, completions, self._round_rewards,
+                                        advantages, self.table_columns)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:
@@ -147,6 +187,8 @@ class CountingGRPOTrainer(TrainerContract, GRPOTrainer):
                     "generated_tokens": self.generated_tokens, "generated_rollouts": self.generated_rollouts}
             self.pending_logs = {}
         super().log(logs, start_time)
+        if self.completion_table is not None:
+            self.completion_table.flush()
 
 
 class AdvantageTrainer(CountingGRPOTrainer):
@@ -158,16 +200,12 @@ class AdvantageTrainer(CountingGRPOTrainer):
         self._step_inputs = inputs
         return rewards_per_func
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        if not self.model.training:
-            return output
+    def replace_advantages(self, output: dict) -> None:
         per_func = self._step_rewards_per_func
         rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
         advantages = self.compute_advantages(rewards, output)
         self._log_advantages(advantages, output["completion_mask"])
         output["advantages"] = advantages
-        return output
 
     def compute_advantages(self, rewards: torch.Tensor, output: dict) -> torch.Tensor:
         """Advantages for this process's rows, shape (B_local,) or (B_local, T).

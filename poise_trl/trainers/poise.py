@@ -433,6 +433,7 @@ class POISETrainer(AdvantageTrainer):
         advantages = torch.where(available_groups, poise_adv, rloo_adv)
         baselines = torch.where(available_groups, baselines, rewards_cpu - rloo_adv)
         self._log_probe_step(predictions, available_groups, rewards_cpu, baselines, advantages, group_size)
+        self.table_columns["baseline"] = baselines.tolist()
         refit_stats = self.value_estimator.update(features, rewards_cpu, group_size, domains)
         for name, value in refit_stats.items():
             self._metrics["train"][f"probe/{name}"].append(value)

@@ -89,7 +89,7 @@ def build_config(algorithm: Algorithm, config_kwargs: dict, output_dir: str | No
     kwargs.setdefault("output_dir", f"runs/{algorithm.name}")
     kwargs.setdefault("report_to", "none")
     kwargs["disable_tqdm"] = True  # the rich display replaces tqdm
-    if kwargs.get("log_completions"):
+    if kwargs.get("log_completions") and "num_completions_to_print" in algorithm.config_class.__dataclass_fields__:
         kwargs.setdefault("num_completions_to_print", 4)  # TRL prints every row of the table at each log
     if not torch.cuda.is_available():
         kwargs.update(use_cpu=True, bf16=False)

@@ -130,3 +130,30 @@ def test_every_grpo_based_algorithm_writes_the_table_with_its_own_advantages(tmp
         for i, row in enumerate(rows):
             others = [r["reward"] for r in rows[i // 4 * 4 : i // 4 * 4 + 4] if r is not row]
             assert row["advantage"] == pytest.approx(row["reward"] - sum(others) / 3, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a2po_rows_hold_its_optimal_value_baseline(tmp_path, tiny_random_model_dir):
+    """A*-PO (TRL's A2POTrainer, no tracker table): completions.jsonl rows carry V*(x) as the baseline and
+    r - V*(x) as the advantage, V* being stage 1's estimate for that prompt."""
+    out = tmp_path / "run"
+    recipe = {
+        "algo": "a2po", "model": str(tiny_random_model_dir), "dataset": "toy-arith", "dataset_size": 8,
+        "eval_limit": 4, "eval_every": 0, "per_device_train_batch_size": 4, "num_value_samples": 4,
+        "max_completion_length": 12, "max_steps": 2, "logging_steps": 1, "save_strategy": "no",
+        "learning_rate": 1e-3, "seed": 0, "filter_all_incorrect": False, "log_completions": True,
+    }
+    trainer = build_trainer(recipe, out, reward_funcs=[digit_parity_reward])
+    before = trainable_parameters(trainer)
+    trainer.train()
+    assert_parameters_moved(before, trainer)
+    rows = read_rows(out)
+    assert [row["step"] for row in rows] == [1] * 4 + [2] * 4
+    v_star = {json.dumps(key) if not isinstance(key, str) else key: value
+              for key, value in trainer._optimal_values.items()}
+    for row in rows:
+        assert row["advantage"] == pytest.approx(row["reward"] - row["baseline"], abs=1e-6)
+        assert 0.0 <= row["baseline"] <= 1.0 and row["completion"] and row["prompt"]
+    assert {round(row["baseline"], 6) for row in rows} <= {round(v, 6) for v in v_star.values()}
+    for step, group in by_step(rows).items():
+        assert sum(row["reward"] for row in group) / 4 == pytest.approx(logged_by_step(trainer, "reward")[step], abs=1e-6)

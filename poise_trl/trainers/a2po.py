@@ -49,16 +49,18 @@ import json
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 from trl.data_utils import maybe_apply_chat_template
 from trl.import_utils import suppress_experimental_warning
 
 with suppress_experimental_warning():  # TRL's own imports of trl.experimental do the same; the registry says "experimental"
     from trl.experimental.a2po import A2POConfig, A2POTrainer
 
+from poise_trl.completions import CompletionTable
 from poise_trl.distributed import summed_over_processes
 from poise_trl.provenance import write_json
 from poise_trl.recipe import RecipeError
@@ -72,6 +74,11 @@ ZERO_TARGET_TOLERANCE = 1e-6
 class A2POArmConfig(A2POConfig):
     """TRL's A2POConfig as `poise train` builds it. A*-PO's defining settings are TRL's defaults (beta1
     0.5, beta2 1e-3, 8 value samples, all-wrong prompts filtered); the recipe sets the rest."""
+
+    log_completions: bool = field(default=False, metadata={
+        "help": "Append every training completion to completions.jsonl at each log: prompt, completion, reward, "
+                "baseline V*(x) and advantage r - V*(x) (and the task on a task mix). TRL's A2POTrainer has no "
+                "tracker table."})
 
 
 
@@ -117,6 +124,8 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers)
         self.init_counters()
+        self.completion_table = (CompletionTable(self.args.output_dir, self.accelerator.is_main_process)
+                                 if self.args.log_completions else None)
         self.stage1_tokens: int | None = None  # None until stage 1 ran (or came back from a checkpoint)
         self.stage1_rollouts: int | None = None
         self.stage1_seconds: float | None = None
@@ -220,10 +229,24 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
             self.generated_rollouts += rollouts
             self.zero_signal_rollouts += zero_signal
             self._metrics["train"]["zero_signal_fraction"].append(zero_signal / rollouts)
+            if self.completion_table is not None:
+                self._record_completions(inputs, output, completion_ids)
         if "task" in inputs[0]:  # this process's rows, as TRL's A2PO logs its `reward`
             mode = "train" if self.model.training else "eval"
             record_task_rewards(self._metrics[mode], [row["task"] for row in inputs], output["rewards"].tolist())
         return output
+
+    def _record_completions(self, inputs: list[dict], output: dict, completion_ids: torch.Tensor) -> None:
+        """A*-PO's row of the completion table: its baseline is V*(x), its advantage r - V*(x) (Eq. 3)."""
+        prompt_ids = output["input_ids"][:, : -output["logits_to_keep"]]
+        prompts = self.processing_class.batch_decode(prompt_ids, skip_special_tokens=True)
+        completions = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        rewards, v_star = (self.accelerator.gather(output[key]).tolist() for key in ("rewards", "v_star"))
+        columns = {"baseline": v_star}
+        if "task" in inputs[0]:
+            columns["task"] = gather_object([row["task"] for row in inputs])
+        self.completion_table.add_round(self.state.global_step + 1, gather_object(prompts), gather_object(completions),
+                                        rewards, [r - v for r, v in zip(rewards, v_star, strict=True)], columns)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.model.training:
@@ -237,6 +260,8 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
                     "generated_rollouts": self.generated_rollouts, "zero_signal_rollouts": self.zero_signal_rollouts}
             self.pending_logs = {}
         super().log(logs, start_time)
+        if self.completion_table is not None:
+            self.completion_table.flush()
 
     # -- checkpoints --------------------------------------------------------------------------------
 

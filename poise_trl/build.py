@@ -31,6 +31,7 @@ from poise_trl.rewards import check_reward_functions, get_reward_functions
 from poise_trl.run_folder import RunFolder, plan_output_dir
 from poise_trl.tasks import is_task
 from poise_trl.trainers import Algorithm, get_algorithm
+from poise_trl.vllm_server import server_generation
 
 
 @dataclass
@@ -250,10 +251,11 @@ def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, ove
     trainer_class = trainer_class or parsed.algorithm.trainer_class
     if not issubclass(trainer_class, parsed.algorithm.trainer_class):
         raise TypeError(f"trainer_class {trainer_class.__name__} does not extend {parsed.algorithm.trainer_class.__name__}")
-    trainer = trainer_class(
-        model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=train_set,
-        processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
-    )
+    with server_generation(args):
+        trainer = trainer_class(
+            model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=train_set,
+            processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
+        )
     run.eval_callback.trainer = trainer
     if show_progress:
         from transformers.trainer_callback import PrinterCallback

@@ -145,6 +145,10 @@ def keep_cpu_engine_weights_reloadable() -> None:
         layer.cpu_linear = torch.nn.functional.linear
 
     UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
+    # A tied LM head (the embedding's weight) is packed the same way on load: keep it in place too.
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    UnquantizedEmbeddingMethod.process_weights_after_loading = process_weights_after_loading
 
 
 def training_generation_record(args, policy_forward_passes: int, steps: int) -> dict:
@@ -197,11 +201,14 @@ def sample_transformers(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    torch.manual_seed(seed)
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     eos_ids = [tokenizer.eos_token_id]
     samples: list[Sample] = []
-    with one_cpu_thread(is_tiny_on_cpu(model)):
+    # Seeded on a forked generator: held-out evaluation in the middle of training leaves the training run's
+    # random stream where it was (evaluating more or less often does not change which rollouts it samples).
+    rng_devices = [device] if device.type == "cuda" else []
+    with one_cpu_thread(is_tiny_on_cpu(model)), torch.random.fork_rng(devices=rng_devices):
+        torch.manual_seed(seed)
         try:
             for start in range(0, len(jobs), batch_size):
                 chunk = jobs[start : start + batch_size]

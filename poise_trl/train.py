@@ -14,6 +14,7 @@ from poise_trl.plan import check_memory_plan
 from poise_trl.provenance import package_versions, write_json, write_text
 from poise_trl.run_folder import clear_run_folder
 from poise_trl.trainers.base import TASK_REWARD_PREFIX
+from poise_trl.vllm_server import server_errors
 
 
 def save_full_model(trainer, folder: Path) -> None:
@@ -44,7 +45,8 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     (TrainerCallbacks) go to `build.build_run`."""
     parsed = parse_recipe(recipe, output_dir)
     check_memory_plan(parsed)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
-    run = build_run(parsed, overwrite=overwrite, show_progress=show_progress, callbacks=callbacks)
+    with server_errors(parsed.args, recipe):  # vllm_mode: server: one line when the server does not answer
+        run = build_run(parsed, overwrite=overwrite, show_progress=show_progress, callbacks=callbacks)
     settings, args, folder = parsed.settings, parsed.args, run.folder
     out = folder.path
     for warning in folder.warnings:
@@ -77,7 +79,7 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
             probe_report.restore(resume_from)
             probe_report.on_train_end(args, trainer.state, trainer.control)  # the report a kill may have cut off
     else:
-        with training_threads(trainer.model) as threads:
+        with training_threads(trainer.model) as threads, server_errors(args, recipe):
             trainer.train(resume_from_checkpoint=resume_from)
     save_full_model(trainer, out / "final")
 

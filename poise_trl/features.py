@@ -401,17 +401,22 @@ class HiddenStateCapture(ForwardHooks):
 # ---------------------------------------------------------------------------------------------
 
 
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 16) -> torch.Tensor:
+ENTROPY_CHUNK_ELEMENTS = 1 << 22  # float32 temporaries of at most 16 MB each
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """(B, T) full-vocabulary entropy (nats) of softmax(logits / temperature) over the last dim, float32.
 
-    Computed `chunk_rows` next-token distributions at a time: each float32 temporary is then
-    chunk_rows x vocabulary (10 MB at Qwen3's 152k), where the whole (B, T, vocabulary) block would
-    add several copies of the logits to the step's peak memory (measured: benchmarks/step_cost.py).
+    Computed a chunk of next-token distributions at a time, so that each float32 temporary holds at most
+    `ENTROPY_CHUNK_ELEMENTS` values (27 distributions at Qwen3's 152k vocabulary) where the whole
+    (B, T, vocabulary) block would add several copies of the logits to the step's peak memory; a small
+    vocabulary takes one chunk (during generation this runs once per decode step).
     """
     flat = logits.reshape(-1, logits.shape[-1])
+    rows = max(1, ENTROPY_CHUNK_ELEMENTS // max(1, flat.shape[1]))
     out = []
-    for start in range(0, flat.shape[0], chunk_rows):
-        logp = torch.log_softmax(flat[start : start + chunk_rows].float() / temperature, dim=-1)
+    for start in range(0, flat.shape[0], rows):
+        logp = torch.log_softmax(flat[start : start + rows].float() / temperature, dim=-1)
         out.append(-(logp.exp() * logp).sum(-1))
     if not out:
         return logits.new_zeros(logits.shape[:2], dtype=torch.float32)
@@ -622,6 +627,7 @@ class GenerationCapture(ForwardHooks):
         self._count_at_think = torch.zeros_like(self._count)  # 0: no `</think>` yet
         self._done = torch.zeros(rows, dtype=torch.bool, **zeros)  # fed its EOS already
         self._eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=hidden.device)
+        self._rows = torch.arange(rows, device=hidden.device)
 
     def _read_decode(self, hidden: torch.Tensor, ids, mask) -> None:
         rows = self._ring.shape[0]
@@ -638,16 +644,17 @@ class GenerationCapture(ForwardHooks):
                 "decoding, or a static/compiled cache)"
             )
         token = ids[:, 0].to(self._ring.device)
-        # Rows still generating: TRL keeps each completion up to and including its first EOS. (nonzero
-        # syncs with the device, as generate's own stopping check does every step.)
-        live = (~self._done).nonzero()[:, 0]
-        self._ring[live, self._count[live] % self.n_pool] = hidden[live, 0].float()
-        self._count[live] += 1
-        at_think = live[token[live] == self.think_end_id]
-        if at_think.numel():
+        # Rows still generating: TRL keeps each completion up to and including its first EOS. Masked
+        # updates of every row (no index lists): one decode step is a few small ops.
+        live = ~self._done
+        index = (self._rows, self._count % self.n_pool)
+        self._ring[index] = torch.where(live[:, None], hidden[:, 0].float(), self._ring[index])
+        self._count += live
+        at_think = live & (token == self.think_end_id)
+        if at_think.any():  # rare: copy the ring aside only at a `</think>`
             self._at_think[at_think] = self._ring[at_think]
             self._count_at_think[at_think] = self._count[at_think]
-        self._done[live] = torch.isin(token[live], self._eos)
+        self._done |= live & (token[:, None] == self._eos).any(dim=1)
         self._fed.append(token)
 
     # -- after generate ------------------------------------------------------------------------

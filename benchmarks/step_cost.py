@@ -16,8 +16,10 @@ of its optimizer steps to the start of the next (so the step, logging and checkp
 timed) and then hands it over. Only one arm computes at any moment and machine noise falls on both
 alike. The first `--warmup` steps of each arm are not counted. For each pair: mean seconds per step of
 each arm, the ratio of the means with a 95% bootstrap interval over the paired steps, policy forward
-passes per step (poise-trl's counter; none for the plain script), each process's peak resident memory and,
-for POISE, the probe buffer's size and the time spent predicting and refitting.
+passes per step (poise-trl's counter; none for the plain script), each process's peak resident memory, where
+each arm's step time goes (`phase_seconds_per_step`: TRL's `training_step` and within it generation and
+scoring, TRL's generate, the rewards and the loss forward; for POISE also generate with its capture around TRL's, its advantages and the probe's
+predict and refit) and, for POISE, the probe buffer's size.
 
     python benchmarks/step_cost.py [--steps 30] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
         [--output benchmarks/results/step_cost.json]
@@ -103,33 +105,55 @@ class TakeTurns(TrainerCallback):
             self.baton.notify_all()
 
 
-class ProbeClock:
-    """Wall time in POISE's probe predict and refit (`probe.ProbeEstimator`), and the estimator itself,
-    instrumented in this arm's process only."""
+class PhaseClock:
+    """Wall time inside chosen methods of chosen classes, patched in this arm's process only: where a
+    step's time goes. A subclass's override that calls the base method (POISE's generation capture around
+    TRL's generate) is timed apart from it."""
 
-    def __init__(self):
-        from poise_trl.probe import ProbeEstimator
+    def __init__(self, methods: dict[str, tuple[type, str]]):
+        self.seconds = dict.fromkeys(methods, 0.0)
+        self.last_self = {}
+        for phase, (owner, name) in methods.items():
+            setattr(owner, name, self._timed(phase, owner.__dict__[name]))
 
-        self.seconds = {"predict": 0.0, "update": 0.0}
-        self.estimator = None
-        for name in self.seconds:
-            setattr(ProbeEstimator, name, self._timed(name, getattr(ProbeEstimator, name)))
-
-    def _timed(self, name, method):
-        def timed(estimator, *args, **kwargs):
-            self.estimator = estimator
+    def _timed(self, phase, method):
+        def timed(instance, *args, **kwargs):
+            self.last_self[phase] = instance
             start = time.perf_counter()
             try:
-                return method(estimator, *args, **kwargs)
+                return method(instance, *args, **kwargs)
             finally:
-                self.seconds[name] += time.perf_counter() - start
+                self.seconds[phase] += time.perf_counter() - start
         return timed
 
-    def buffer_bytes(self) -> int | None:
-        if self.estimator is None:
-            return None
-        return sum(t.numel() * t.element_size() for buffer in self.estimator.buffers.values()
-                   for t in buffer.state_dict().values())
+
+def step_phases(kind: str) -> PhaseClock:
+    """TRL's generation, reward and loss phases in every arm; POISE's capture, advantages and probe on top."""
+    from trl import GRPOTrainer
+
+    methods = {
+        "training_step": (GRPOTrainer, "training_step"),  # all of the below, the backward included
+        "generate_and_score": (GRPOTrainer, "_prepare_inputs"),  # generation, rewards, advantages
+        "trl_generate": (GRPOTrainer, "_generate_single_turn"),
+        "rewards": (GRPOTrainer, "_calculate_rewards"),
+        "loss_forward": (GRPOTrainer, "compute_loss"),
+    }
+    if kind == "poise":
+        from poise_trl.probe import ProbeEstimator
+        from poise_trl.trainers.poise import POISETrainer
+
+        methods.update({
+            "generate_with_capture": (POISETrainer, "_generate_single_turn"),
+            "poise_advantages": (POISETrainer, "compute_advantages"),
+            "probe_predict": (ProbeEstimator, "predict"),
+            "probe_refit": (ProbeEstimator, "update"),
+        })
+    return PhaseClock(methods)
+
+
+def probe_buffer_bytes(estimator) -> int:
+    return sum(t.numel() * t.element_size() for buffer in estimator.buffers.values()
+               for t in buffer.state_dict().values())
 
 
 def recipe_for(recipe_file: str, overrides: dict, steps: int, seed: int) -> dict:
@@ -143,14 +167,14 @@ def run_poise_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
     """What `poise train` runs (progress display included), with the baton as one more callback."""
     from poise_trl.train import train_from_recipe
 
-    probe = ProbeClock()
+    phases = step_phases("poise")
     summary = train_from_recipe(recipe, str(output_dir), show_progress=True, overwrite=True, callbacks=[turns])
     steps = summary["steps"]
     result = {"policy_forward_passes_per_step": summary["generation"]["policy_forward_passes_per_step"],
-              "trainer_config": summary["trainer_config"], "num_tokens": last_logged(summary["train_log"], "num_tokens")}
-    if probe.estimator is not None:
-        result["probe_buffer_bytes"] = probe.buffer_bytes()
-        result["probe_seconds_per_step"] = {name: s / steps for name, s in probe.seconds.items()}
+              "trainer_config": summary["trainer_config"], "num_tokens": last_logged(summary["train_log"], "num_tokens"),
+              "phase_seconds_per_step": {name: round(s / steps, 4) for name, s in phases.seconds.items() if s}}
+    if "probe_refit" in phases.last_self:
+        result["probe_buffer_bytes"] = probe_buffer_bytes(phases.last_self["probe_refit"])
         result["features_from"] = mean_logged(summary["train_log"], "probe/features_from_")
     return result
 
@@ -191,13 +215,16 @@ def run_plain_trl_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
     from poise_trl.rewards import get_reward_functions
 
     config_kwargs, rows = plain_trl_settings(recipe, output_dir)
+    phases = step_phases("plain_trl")
     args = GRPOConfig(**config_kwargs)
     trainer = GRPOTrainer(model=recipe["model"], reward_funcs=get_reward_functions(recipe["rewards"]), args=args,
                           train_dataset=Dataset.from_list(rows), callbacks=[turns],
                           processing_class=AutoTokenizer.from_pretrained(recipe["model"]))
     torch.set_num_threads(1)  # as `poise train` does for a tiny model on a CPU (train.training_threads)
     trainer.train()
-    return {"trainer_config": args.to_dict(), "num_tokens": last_logged(trainer.state.log_history, "num_tokens")}
+    steps = trainer.state.global_step
+    return {"trainer_config": args.to_dict(), "num_tokens": last_logged(trainer.state.log_history, "num_tokens"),
+            "phase_seconds_per_step": {name: round(s / steps, 4) for name, s in phases.seconds.items() if s}}
 
 
 def arm_process(me: int, kind: str, recipe: dict, output_dir: str, shared: tuple, results) -> None:

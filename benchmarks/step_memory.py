@@ -30,12 +30,12 @@ from pathlib import Path
 
 from step_cost import (
     PAIRS,
-    code_version,
     last_logged,
-    machine_note,
+    new_artefact,
     probe_buffer_bytes,
     recipe_for,
     step_phases,
+    write_artefact,
 )
 from transformers import TrainerCallback
 
@@ -112,15 +112,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="benchmarks/results/step_memory.json")
     cli = parser.parse_args()
-    from poise_trl.generation import vllm_import_error
-    from poise_trl.provenance import package_versions, write_json
-
-    modes, notes = cli.modes or list(MODES), []
-    if cli.modes is None and vllm_import_error():
-        modes = [m for m in modes if not m.startswith("vllm")]
-        notes.append(f"vLLM mode skipped: {vllm_import_error()}")
-    payload = {"command": "python benchmarks/step_memory.py " + " ".join(sys.argv[1:]),
-               "code_version": code_version(), "machine": machine_note(), "notes": notes, "modes": {}}
+    modes, payload = new_artefact("step_memory.py", cli.modes, list(MODES))
+    payload["modes"] = {}
     with tempfile.TemporaryDirectory(prefix="step_memory_") as workdir:
         for mode in modes:
             arms = {}
@@ -139,10 +132,7 @@ def main() -> None:
             print(f"{mode}: peak {poise['peak_bytes_during_training'] / 2**20:.2f} MiB (POISE) vs "
                   f"{grpo['peak_bytes_during_training'] / 2**20:.2f} MiB (GRPO), difference {excess / 2**20:+.3f} MiB, "
                   f"probe buffer {poise['probe_buffer_bytes'] / 2**20:.3f} MiB", flush=True)
-    payload["machine"] = machine_note()
-    payload["versions"] = package_versions()
-    write_json(Path(cli.output), payload)
-    print(f"wrote {cli.output}")
+    write_artefact(payload, cli.output)
 
 
 if __name__ == "__main__":

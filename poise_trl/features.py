@@ -402,10 +402,15 @@ class HiddenStateCapture(ForwardHooks):
 
 
 ENTROPY_CHUNK_ELEMENTS = 1 << 22  # float32 temporaries of at most 16 MB each
+# During generation, next-token logits wait (at most this many values, 512 KiB in float32) to have their
+# entropies computed together: at a small vocabulary one batch of ops per few dozen decode steps instead
+# of one per step; a distribution at a real vocabulary is past the limit alone and computed at once.
+PENDING_LOGITS_ELEMENTS = 1 << 17
 
 
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """(B, T) full-vocabulary entropy (nats) of softmax(logits / temperature) over the last dim, float32.
+    """Full-vocabulary entropy (nats) of softmax(logits / temperature) over the last dim, float32, shaped
+    as `logits` without its last dim.
 
     Computed a chunk of next-token distributions at a time, so that each float32 temporary holds at most
     `ENTROPY_CHUNK_ELEMENTS` values (27 distributions at Qwen3's 152k vocabulary) where the whole
@@ -414,16 +419,18 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     """
     flat = logits.reshape(-1, logits.shape[-1])
     rows = max(1, ENTROPY_CHUNK_ELEMENTS // max(1, flat.shape[1]))
-    out = []
-    for start in range(0, flat.shape[0], rows):
-        scaled = flat[start : start + rows].float()
-        if temperature != 1.0:  # dividing by 1 changes nothing: skip the op (once per decode step)
-            scaled = scaled / temperature
-        logp = torch.log_softmax(scaled, dim=-1)
-        out.append((logp.exp() * logp).sum(-1).neg())
-    if not out:
-        return logits.new_zeros(logits.shape[:2], dtype=torch.float32)
-    return (out[0] if len(out) == 1 else torch.cat(out)).view(logits.shape[:2])
+    if flat.shape[0] <= rows:
+        return _entropy(flat, temperature).view(logits.shape[:-1])
+    chunks = [_entropy(flat[start : start + rows], temperature) for start in range(0, flat.shape[0], rows)]
+    return torch.cat(chunks).view(logits.shape[:-1])
+
+
+def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    scaled = logits.float()
+    if temperature != 1.0:  # dividing by 1 changes nothing: skip the op (once per decode step)
+        scaled = scaled / temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    return (logp.exp() * logp).sum(-1).neg()
 
 
 def extract_features(
@@ -530,6 +537,11 @@ class CaptureUnavailable(RuntimeError):
     """A generation capture cannot give this round's features: the caller runs the full pass instead."""
 
 
+class _ClosingStepRead(Exception):
+    """Raised by the capture's block hook in the closing decode step, once it has read the block: stops
+    the forward there (the layers above and the LM head would compute nothing the capture reads)."""
+
+
 def _fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
     """(B, T) -> (B, width): cut, or right-pad with zeros (TRL may pad completions to a multiple)."""
     return x[:, :width] if x.shape[1] >= width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
@@ -547,17 +559,18 @@ class GenerationCapture(ForwardHooks):
 
     Each generate step is one forward of the causal LM. The prefill's block output gives the prompt
     vector (pooled in the hook, as `pooling_positions` places it). Decode step j feeds completion token
-    j - 1: its block output enters a per-row ring of the last `n_pool` valid completion hidden states,
-    copied aside when that token is `</think>`, so the response vector is the ring at the LAST `</think>`
-    or, without one, at the end. The ring has one slot more than it pools: a row that has finished
-    writes its (padding) state into the slot its next token would take, which holds none of its last
-    `n_pool` states, so a decode step updates every row with one write and no mask. Step j's logits are
-    those completion token j was sampled from; their entropy at `temperature` is what TRL's fused head
-    computes over the finished sequence. Only (B, n_pool + 1, d) states and (B, T) entropies are kept
-    (poise-spec: no (B, S, d) activations).
+    j - 1: its block output enters a ring of the last `n_pool` completion hidden states. Every row still
+    generating has fed the same number of tokens, so all rows write the same slot and a decode step is
+    one slice copy, one `isin` and one `any`. A row's ring is copied aside (held) when it feeds
+    `</think>`, and when it feeds its EOS without having fed one, so the response vector is the ring at
+    the LAST `</think>` or, without one, at the end; what a finished row's ring receives afterwards is
+    never read. The ring has one slot more than it pools, so the slot being written holds none of the
+    last `n_pool` states. Step j's logits are those completion token j was sampled from; their entropy
+    at `temperature` is what TRL's fused head computes over the finished sequence. Only
+    (B, n_pool + 1, d) states and (B, T) entropies are kept (poise-spec: no (B, S, d) activations).
 
     generate never feeds back the last token it samples, so `finish` runs one closing decode step (one
-    token per row, on generate's KV cache) for it. A generate call that does not run the hooked block
+    token per row, on generate's KV cache) for it, up to the hooked block only. A generate call that does not run the hooked block
     once per token (beam search, chunked prefill, a static or compiled cache: 4D masks), or completions
     that are not the ones generated (tool calls), leave the capture unusable: `features` raises
     CaptureUnavailable with the reason. Nothing is raised inside generate.
@@ -575,9 +588,12 @@ class GenerationCapture(ForwardHooks):
         self.finished = False
         self._step_kwargs: dict | None = None  # the LM forward now running (after generate: the last one)
         self._closing = False
+        self._closing_hidden: torch.Tensor | None = None  # the closing step's block output
         self._prompt: torch.Tensor | None = None
-        self._fed: list[torch.Tensor] = []  # completion token fed at each decode step, (B,)
-        self._entropies: list[torch.Tensor] = []  # entropy of each step's next-token distribution, (B,)
+        self._fed: list[list[int]] = []  # the completion token each row fed at each decode step
+        self._pending_logits: list[torch.Tensor] = []  # next-token logits (B, vocabulary) awaiting their entropy
+        self._entropies: list[torch.Tensor] = []  # (B, steps) entropies of each step's next-token distribution
+        self._entropy_steps = 0
 
     def _register(self):
         yield self.lm.register_forward_pre_hook(self._before_step, with_kwargs=True)
@@ -598,6 +614,9 @@ class GenerationCapture(ForwardHooks):
         if self.error is not None:
             return None
         hidden = output[0] if isinstance(output, (tuple, list)) else output
+        if self._closing:
+            self._closing_hidden = hidden.detach()
+            raise _ClosingStepRead  # the closing step needs nothing above this block
         kwargs = self._step_kwargs or {}
         mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
         try:
@@ -611,10 +630,20 @@ class GenerationCapture(ForwardHooks):
         return None
 
     def _after_step(self, module, args, output):
-        if self.error is None and not self._closing:
+        if self.error is None:
             logits = output.logits if hasattr(output, "logits") else output[0]
-            self._entropies.append(token_entropy(logits[:, -1:].detach(), self.temperature)[:, 0])
+            last = logits[:, -1].detach()
+            self._pending_logits.append(last)
+            self._entropy_steps += 1
+            # A view of (B, 1, vocabulary) logits holds nothing more; of a wider block (no logits_to_keep), all of it.
+            if logits.shape[1] != 1 or len(self._pending_logits) * last.numel() >= PENDING_LOGITS_ELEMENTS:
+                self._compute_pending_entropies()
         return None
+
+    def _compute_pending_entropies(self) -> None:
+        if self._pending_logits:
+            self._entropies.append(token_entropy(torch.stack(self._pending_logits, dim=1), self.temperature))
+            self._pending_logits = []
 
     def _read_prefill(self, hidden: torch.Tensor, mask) -> None:
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or tuple(mask.shape) != tuple(hidden.shape[:2]):
@@ -626,42 +655,48 @@ class GenerationCapture(ForwardHooks):
         index, valid = _last_n(mask.bool(), self.n_pool)
         self._prompt = pool_hidden(hidden, index, valid)
         self._prompt_width = mask.shape[1]
-        zeros = dict(device=hidden.device)
-        self._ring = torch.zeros(rows, self.n_pool + 1, d, dtype=torch.float32, **zeros)
-        self._at_think = torch.zeros_like(self._ring)
-        self._count = torch.zeros(rows, dtype=torch.long, **zeros)  # valid completion tokens so far
-        self._count_at_think = torch.zeros_like(self._count)  # 0: no `</think>` yet
-        self._done = torch.zeros(rows, dtype=torch.bool, **zeros)  # fed its EOS already
-        self._eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=hidden.device)
-        self._rows = torch.arange(rows, device=hidden.device)
+        self._ring = torch.zeros(rows, self.n_pool + 1, d, dtype=torch.float32, device=hidden.device)
+        self._slots = self._ring.unbind(1)  # a view per slot: a decode step's write is one copy
+        self._held = torch.zeros_like(self._ring)  # the ring at the row's last `</think>`, else at its EOS
+        # Per row, as Python ints: the hooks look at the fed tokens on the host, where a test per step is one
+        # set operation instead of a few tensor ops.
+        self._held_written = [0] * rows  # states written when held; 0: not held
+        self._ended_at = [0] * rows  # tokens fed up to and including its EOS; 0: still generating
+        self._marks = frozenset([*self.eos_token_ids, self.think_end_id])
 
     def _read_decode(self, hidden: torch.Tensor, ids, mask) -> None:
         rows = self._ring.shape[0]
-        expected_width = self._prompt_width + len(self._fed) + 1
+        written = len(self._fed) + 1  # completion tokens every live row has fed, this one included
         if (
             tuple(hidden.shape[:2]) != (rows, 1)
             or not isinstance(ids, torch.Tensor)
             or tuple(ids.shape) != (rows, 1)
             or not isinstance(mask, torch.Tensor)
-            or tuple(mask.shape) != (rows, expected_width)
+            or tuple(mask.shape) != (rows, self._prompt_width + written)
         ):
             raise CaptureUnavailable(
                 "generate did not feed one token per row per step over a growing 2D mask (beam search, assisted "
                 "decoding, or a static/compiled cache)"
             )
-        token = ids[:, 0].to(self._ring.device)
-        # Rows still generating: TRL keeps each completion up to and including its first EOS. Every row
-        # writes the slot after its last state (a finished row's count stays, so its writes land in the
-        # spare slot): one decode step is a few small ops on all rows, no index lists.
-        live = ~self._done
-        self._ring[self._rows, self._count % (self.n_pool + 1)] = hidden[:, 0].float()
-        self._count += live
-        at_think = live & (token == self.think_end_id)
-        if at_think.any():  # rare: copy the ring aside only at a `</think>`
-            self._at_think[at_think] = self._ring[at_think]
-            self._count_at_think[at_think] = self._count[at_think]
-        self._done |= torch.isin(token, self._eos)
-        self._fed.append(token)
+        self._slots[(written - 1) % (self.n_pool + 1)].copy_(hidden[:, 0])
+        self._feed(ids[:, 0].tolist(), written)
+
+    def _feed(self, tokens: list[int], written: int) -> None:
+        self._fed.append(tokens)
+        if self._marks.isdisjoint(tokens):  # no `</think>` and no EOS: most steps
+            return
+        hold = []
+        for row, token in enumerate(tokens):
+            # TRL keeps each completion up to and including its first EOS: a finished row's later tokens are padding.
+            if token not in self._marks or self._ended_at[row]:
+                continue
+            if token == self.think_end_id or not self._held_written[row]:
+                hold.append(row)
+                self._held_written[row] = written
+            if token != self.think_end_id:
+                self._ended_at[row] = written
+        if hold:
+            self._held[hold] = self._ring[hold]
 
     # -- after generate ------------------------------------------------------------------------
 
@@ -674,19 +709,24 @@ class GenerationCapture(ForwardHooks):
         if self.error is not None:
             return
         width = max((len(c) for c in completions), default=0)
-        if (len(completions) != self._ring.shape[0] or width == 0 or len(self._entropies) < width
+        if (len(completions) != self._ring.shape[0] or width == 0 or self._entropy_steps < width
                 or len(self._fed) < width - 1):
-            self.error = (f"generate ran {len(self._entropies)} steps over {self._ring.shape[0]} rows, but returned "
+            self.error = (f"generate ran {self._entropy_steps} steps over {self._ring.shape[0]} rows, but returned "
                           f"{len(completions)} completions of up to {width} tokens")
             return
-        self._entropies = self._entropies[:width]
+        self._compute_pending_entropies()
+        self._entropy = torch.cat(self._entropies, dim=1)[:, :width]
+        self._entropies = []
         if len(self._fed) == width - 1:
-            last = [c[-1] if len(c) == width else pad_token_id for c in completions]
-            self._close(torch.tensor(last, dtype=torch.long))
+            self._close([c[-1] if len(c) == width else pad_token_id for c in completions])
+        # A row still generating has fed every token generate fed.
+        self._lengths = torch.tensor([ended or len(self._fed) for ended in self._ended_at])
         self._fed = self._fed[:width]
         self._step_kwargs = None
 
-    def _close(self, last_tokens: torch.Tensor) -> None:
+    def _close(self, last_tokens: list[int]) -> None:
+        """Feeds each row's last sampled token. Only rows still generating need it (a finished row fed its EOS
+        already): they alone run, from the KV cache's rows, up to the hooked block."""
         kwargs = dict(self._step_kwargs or {})
         mask = kwargs.get("attention_mask")
         # generate passes its KV cache as `past_key_values` (transformers < 5.24) or `cache` (>= 5.24)
@@ -694,16 +734,30 @@ class GenerationCapture(ForwardHooks):
         if cache is None or not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             self.error = "generate ran without a KV cache and a 2D mask: no closing decode step possible"
             return
-        kwargs.pop("inputs_embeds", None)
-        kwargs["input_ids"] = last_tokens[:, None].to(mask.device)
-        kwargs["attention_mask"] = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        if kwargs.get("position_ids") is not None:
-            kwargs["position_ids"] = kwargs["position_ids"][..., -1:] + 1
-        self._closing = True
-        try:
-            self.lm(**kwargs)
-        finally:
-            self._closing = False
+        rows = [row for row, ended in enumerate(self._ended_at) if not ended]
+        written = len(self._fed) + 1
+        if rows:
+            on = torch.tensor(rows, device=mask.device)
+            if len(rows) < len(self._ended_at):
+                cache.batch_select_indices(on)  # generate is done with its cache
+            kwargs.pop("inputs_embeds", None)
+            kwargs["input_ids"] = torch.tensor([[last_tokens[row]] for row in rows], device=mask.device)
+            kwargs["attention_mask"] = torch.cat([mask[on], mask.new_ones(len(rows), 1)], dim=1)
+            if kwargs.get("position_ids") is not None:
+                kwargs["position_ids"] = kwargs["position_ids"][..., on, -1:] + 1
+            self._closing = True
+            try:
+                self.lm(**kwargs)
+            except _ClosingStepRead:
+                pass
+            finally:
+                self._closing = False
+            hidden, self._closing_hidden = self._closing_hidden, None
+            if hidden is None or tuple(hidden.shape[:2]) != (len(rows), 1):
+                self.error = "the closing decode step did not run the hooked block once per row"
+                return
+            self._ring[rows, (written - 1) % (self.n_pool + 1)] = hidden[:, 0].to(self._ring)
+        self._feed(last_tokens, written)
 
     def features(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> RolloutFeatures:
         """RolloutFeatures of the rows as TRL scores them (right-padded ids and mask, any width); equal to
@@ -713,8 +767,8 @@ class GenerationCapture(ForwardHooks):
         if self.error is not None:
             raise CaptureUnavailable(self.error)
         width = completion_ids.shape[1]
-        generated = _fit_width(torch.stack(self._fed, dim=1).cpu(), width)
-        lengths = self._count.cpu()
+        generated = _fit_width(torch.tensor(self._fed, dtype=torch.long).view(len(self._fed), -1).T, width)
+        lengths = self._lengths.cpu()
         kept = completion_mask.sum(1).cpu()
         # A row TRL masks out entirely (mask_truncated_completions) keeps no response token.
         scored = kept > 0
@@ -722,14 +776,15 @@ class GenerationCapture(ForwardHooks):
             generated[completion_mask.bool().cpu()], completion_ids[completion_mask.bool()].cpu()
         ):
             raise CaptureUnavailable("the completions TRL scores are not the tokens generate fed back")
-        has_think = (self._count_at_think > 0)[:, None, None]
-        states = torch.where(has_think, self._at_think, self._ring)
-        written = torch.where(has_think[:, 0, 0], self._count_at_think, self._count)[:, None]
+        held_written = torch.tensor(self._held_written, device=self._ring.device)
+        held = held_written > 0
+        states = torch.where(held[:, None, None], self._held, self._ring)
+        written = torch.where(held, held_written, self._lengths.to(held.device))[:, None]
         # The last n_pool states: every slot written so far but the spare one, where the next would go.
         slot = torch.arange(self.n_pool + 1, device=states.device)[None, :]
         slots = (slot < written) & (slot != written % (self.n_pool + 1))
         response = torch.where(slots[:, :, None], states, 0.0).sum(1) / slots.sum(1).clamp(min=1)[:, None]
         response = torch.where(scored.to(response.device)[:, None], response, 0.0)
-        entropies = _fit_width(torch.stack(self._entropies, dim=1).cpu(), width)
+        entropies = _fit_width(self._entropy.cpu(), width)
         return build_rollout_features(self._prompt, response, entropies, completion_ids, completion_mask,
                                       self.think_end_id)

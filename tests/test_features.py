@@ -21,6 +21,7 @@ from poise_trl.features import (
     pool_hidden,
     pooling_positions,
     resolve_layer_index,
+    token_entropy,
 )
 
 THINK = 5  # token id standing in for `</think>`
@@ -234,6 +235,16 @@ def test_entropy_matches_full_logits(model):
     expected = entropy_span_means(entropies, completion_ids, completion_mask, THINK)
     torch.testing.assert_close(feats[0].entropy, expected, rtol=0, atol=1e-5)
     assert (feats[0].entropy[:, 0] > 0).sum() == 7  # every non-empty completion
+
+
+def test_token_entropy_in_chunks_equals_one_chunk(monkeypatch):
+    logits = torch.randn(3, 5, 11) * 3
+    whole = token_entropy(logits, 0.7)
+    probs = torch.softmax(logits.double() / 0.7, dim=-1)
+    torch.testing.assert_close(whole, (-(probs * probs.log()).sum(-1)).float(), rtol=0, atol=1e-5)
+    monkeypatch.setattr("poise_trl.features.ENTROPY_CHUNK_ELEMENTS", 4 * 11)  # 4 distributions per chunk: 4 chunks
+    assert torch.equal(token_entropy(logits, 0.7), whole)
+    assert torch.equal(token_entropy(logits[:, -1], 0.7), whole[:, -1])  # (B, vocabulary) -> (B,)
 
 
 def test_multi_layer_pass_equals_single_layer_passes_and_chunking(model):

@@ -135,6 +135,36 @@ def test_every_row_ends_early_so_generate_stops_before_the_limit():
     assert_features_close(captured, reference)
 
 
+def test_padding_with_the_eos_token():
+    """A tokenizer without a pad token pads with EOS (TRL then sets pad = EOS): a row that has finished
+    goes on feeding EOS, which must not count as its end again."""
+    model = random_qwen3(seed=4)
+    prompts = random_prompts([5, 8, 3], seed=5)
+    forced = {(0, 1): EOS, (1, 2): THINK, (1, 3): EOS}
+    force = ForceTokens(max(map(len, prompts)), forced, banned=(EOS, THINK))
+    captured, reference, completions = captured_and_reference(
+        model, prompts, eos=EOS, think=THINK, pad=EOS, n_pool=3, logits_processor=[force])
+    assert [len(c) for c in completions] == [2, 4, 8]
+    assert_features_close(captured, reference)
+
+
+def test_closing_step_stops_after_the_probe_block():
+    model = random_qwen3(seed=5)
+    blocks = decoder_layers(model)
+    assert len(blocks) == 2  # the probe reads block 1 of 2 at layer 0.55: nothing above it but the head
+    calls = {"block": 0, "head": 0}
+    blocks[1].register_forward_hook(lambda *_: calls.__setitem__("block", calls["block"] + 1))
+    model.lm_head.register_forward_hook(lambda *_: calls.__setitem__("head", calls["head"] + 1))
+    prompt_ids, prompt_mask = pad_sequences(random_prompts([4, 6], seed=6), PAD, left=True)
+    force = ForceTokens(6, {}, banned=(EOS, THINK))
+    with torch.no_grad(), GenerationCapture(model, 0.55, [EOS], THINK) as capture:
+        model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, max_new_tokens=5,
+                       eos_token_id=EOS, pad_token_id=PAD, logits_processor=[force])
+        assert calls == {"block": 5, "head": 5}
+        capture.finish([[7] * 5, [7] * 5], PAD)
+    assert calls == {"block": 6, "head": 5}  # the closing step ran the probe's block, not the head
+
+
 def test_rows_trl_masks_out_as_truncated():
     model = random_qwen3(seed=3)
     prompts = random_prompts([5, 9, 2], seed=4)

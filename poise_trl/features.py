@@ -560,20 +560,22 @@ class GenerationCapture(ForwardHooks):
     Each generate step is one forward of the causal LM. The prefill's block output gives the prompt
     vector (pooled in the hook, as `pooling_positions` places it). Decode step j feeds completion token
     j - 1: its block output enters a ring of the last `n_pool` completion hidden states. Every row still
-    generating has fed the same number of tokens, so all rows write the same slot and a decode step is
-    one slice copy, one `isin` and one `any`. A row's ring is copied aside (held) when it feeds
-    `</think>`, and when it feeds its EOS without having fed one, so the response vector is the ring at
-    the LAST `</think>` or, without one, at the end; what a finished row's ring receives afterwards is
+    generating has fed the same number of tokens, so all rows write the same slot: a decode step is one
+    copy, and one set test of the fed tokens on the host. A row's ring is copied aside (held) when it
+    feeds `</think>`, and when it feeds its EOS without having fed one, so the response vector is the ring
+    at the LAST `</think>` or, without one, at the end; what a finished row's ring receives afterwards is
     never read. The ring has one slot more than it pools, so the slot being written holds none of the
     last `n_pool` states. Step j's logits are those completion token j was sampled from; their entropy
-    at `temperature` is what TRL's fused head computes over the finished sequence. Only
-    (B, n_pool + 1, d) states and (B, T) entropies are kept (poise-spec: no (B, S, d) activations).
+    at `temperature` is what TRL's fused head computes over the finished sequence (computed a few dozen
+    steps at a time at a small vocabulary, `PENDING_LOGITS_ELEMENTS`). Only (B, n_pool + 1, d) states and
+    (B, T) entropies are kept (poise-spec: no (B, S, d) activations).
 
-    generate never feeds back the last token it samples, so `finish` runs one closing decode step (one
-    token per row, on generate's KV cache) for it, up to the hooked block only. A generate call that does not run the hooked block
-    once per token (beam search, chunked prefill, a static or compiled cache: 4D masks), or completions
-    that are not the ones generated (tool calls), leave the capture unusable: `features` raises
-    CaptureUnavailable with the reason. Nothing is raised inside generate.
+    generate never feeds back the last token it samples, so `finish` runs one closing decode step for it:
+    the rows still generating (a finished row fed its EOS already), one token each, on generate's KV
+    cache, up to the hooked block. A generate call that does not run the hooked block once per token
+    (beam search, chunked prefill, a static or compiled cache: 4D masks), or completions that are not
+    the ones generated (tool calls), leave the capture unusable: `features` raises CaptureUnavailable
+    with the reason. Nothing is raised inside generate.
     """
 
     def __init__(self, model: nn.Module, layer: int | float, eos_token_ids: Sequence[int], think_end_id: int,
@@ -635,7 +637,8 @@ class GenerationCapture(ForwardHooks):
             last = logits[:, -1].detach()
             self._pending_logits.append(last)
             self._entropy_steps += 1
-            # A view of (B, 1, vocabulary) logits holds nothing more; of a wider block (no logits_to_keep), all of it.
+            # A view of (B, 1, vocabulary) logits holds nothing more; of a wider block (no logits_to_keep),
+            # all of it: compute at once.
             if logits.shape[1] != 1 or len(self._pending_logits) * last.numel() >= PENDING_LOGITS_ELEMENTS:
                 self._compute_pending_entropies()
         return None
@@ -679,6 +682,7 @@ class GenerationCapture(ForwardHooks):
                 "decoding, or a static/compiled cache)"
             )
         self._slots[(written - 1) % (self.n_pool + 1)].copy_(hidden[:, 0])
+        # To the host: generate itself waits on the device once per step (has every row finished?).
         self._feed(ids[:, 0].tolist(), written)
 
     def _feed(self, tokens: list[int], written: int) -> None:
@@ -725,8 +729,8 @@ class GenerationCapture(ForwardHooks):
         self._step_kwargs = None
 
     def _close(self, last_tokens: list[int]) -> None:
-        """Feeds each row's last sampled token. Only rows still generating need it (a finished row fed its EOS
-        already): they alone run, from the KV cache's rows, up to the hooked block."""
+        """Feeds the rows still generating their last sampled token, from their rows of the KV cache, up to
+        the hooked block."""
         kwargs = dict(self._step_kwargs or {})
         mask = kwargs.get("attention_mask")
         # generate passes its KV cache as `past_key_values` (transformers < 5.24) or `cache` (>= 5.24)

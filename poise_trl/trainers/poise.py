@@ -12,7 +12,8 @@ Flow of one generation round inside TRL's `_generate_and_score_completions`:
    - `generation`: otherwise, in the transformers path, TRL's `model.generate` call itself
      (`features.GenerationCapture`: the prefill gives the prompt vector, each decode step one
      completion token's hidden state and the entropy of the distribution it was sampled from,
-     plus one closing decode step for the last sampled token);
+     plus a closing decode step, up to the probe's block, feeding the rows still generating
+     their last sampled token);
    - `extra_pass`: where neither applies (vLLM without the correction, continuous batching,
      tool calls or a rollout function, sharded weights, or a generate call that did not run the
      block once per token, e.g. `use_cache: false`), one chunked no-grad pass of POISE's own.

@@ -542,6 +542,12 @@ class _ClosingStepRead(Exception):
     the forward there (the layers above and the LM head would compute nothing the capture reads)."""
 
 
+def _can_select_rows(cache) -> bool:
+    """Whether the KV cache can keep some of its rows (a dynamic cache's layers can; a static one's cannot)."""
+    layers = getattr(cache, "layers", [])
+    return hasattr(cache, "batch_select_indices") and all(hasattr(layer, "batch_select_indices") for layer in layers)
+
+
 def _fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
     """(B, T) -> (B, width): cut, or right-pad with zeros (TRL may pad completions to a multiple)."""
     return x[:, :width] if x.shape[1] >= width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
@@ -739,6 +745,8 @@ class GenerationCapture(ForwardHooks):
             self.error = "generate ran without a KV cache and a 2D mask: no closing decode step possible"
             return
         rows = [row for row, ended in enumerate(self._ended_at) if not ended]
+        if len(rows) < len(self._ended_at) and not _can_select_rows(cache):
+            rows = list(range(len(self._ended_at)))  # a finished row's state lands in its ring, never read
         written = len(self._fed) + 1
         if rows:
             on = torch.tensor(rows, device=mask.device)

@@ -148,6 +148,20 @@ def test_padding_with_the_eos_token():
     assert_features_close(captured, reference)
 
 
+def test_closing_step_with_a_cache_that_cannot_select_rows(monkeypatch):
+    """A cache whose layers cannot keep a subset of rows: the closing step runs every row instead."""
+    from transformers.cache_utils import DynamicLayer
+
+    monkeypatch.delattr(DynamicLayer, "batch_select_indices")
+    model = random_qwen3(seed=6)
+    prompts = random_prompts([5, 8, 3], seed=7)
+    force = ForceTokens(max(map(len, prompts)), {(0, 2): EOS, (1, 3): THINK}, banned=(EOS, THINK))
+    captured, reference, completions = captured_and_reference(
+        model, prompts, eos=EOS, think=THINK, pad=PAD, n_pool=3, logits_processor=[force])
+    assert [len(c) for c in completions] == [3, 8, 8]  # row 0 finished before the closing step
+    assert_features_close(captured, reference)
+
+
 def test_closing_step_stops_after_the_probe_block():
     model = random_qwen3(seed=5)
     blocks = decoder_layers(model)

@@ -30,6 +30,7 @@ from poise_trl.build import build_run
 from poise_trl.critics import CriticEnsemble
 from poise_trl.loading import resolve_model_path
 from poise_trl.provenance import package_versions, write_json
+from poise_trl.recipe import parse_recipe
 from poise_trl.rewards import math_accuracy_reward
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,7 +103,7 @@ def main() -> None:
     os.chdir(REPO)
     recipe = {"algo": "asyppo", "model": "data/tiny-qwen3", "dataset": "toy-arith", "seed": 0}
     with tempfile.TemporaryDirectory() as nothing_written:  # the run never trains
-        built = build_run(recipe, nothing_written)
+        built = build_run(parse_recipe(recipe, nothing_written))
     train_set, tokenizer, actor = built.train_set, built.tokenizer, built.trainer.model.float().eval()
     started = time.perf_counter()
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(0)).tolist()

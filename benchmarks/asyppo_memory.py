@@ -1,7 +1,7 @@
 """Peak memory and step time of AsyPPO's mini-critics against PPO's same-size critic.
 
-Seed 001 ("计算效率") reports that AsyPPO's asymmetric critics cut the step time and peak
-GPU memory of symmetric PPO. This measures the same on one machine: each recipe runs
+The AsyPPO paper (arXiv 2510.01656, computational efficiency) reports that AsyPPO's asymmetric
+critics cut the step time and peak GPU memory of symmetric PPO. This measures the same on one machine: each recipe runs
 `--steps` optimizer steps in a FRESH subprocess (so one run's allocations never count
 toward another's), built by `build_run` as `poise train` builds it, with no checkpoints and the
 held-out evaluation it adds at the start and end cut to one prompt and one token, and reports

@@ -32,7 +32,10 @@ import torch  # noqa: E402
 from poise_trl.build import build_run  # noqa: E402
 from poise_trl.loading import resolve_model_path  # noqa: E402
 from poise_trl.provenance import package_versions, write_json  # noqa: E402
-from poise_trl.recipe import load_recipe  # noqa: E402
+from poise_trl.recipe import (
+    load_recipe,  # noqa: E402
+    parse_recipe,  # noqa: E402
+)
 from poise_trl.trainers.dapo import DAPOTrainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +66,7 @@ class TimedDAPOTrainer(DAPOTrainer):
 def run(recipe: dict, steps: int, output_dir: Path, dynamic: bool) -> dict:
     recipe = {**recipe, "max_steps": steps, "save_strategy": "no", "logging_steps": steps, "dynamic_sampling": dynamic,
               **MINIMAL_EVAL}
-    built = build_run(recipe, str(output_dir), overwrite=True, trainer_class=TimedDAPOTrainer)
+    built = build_run(parse_recipe(recipe, str(output_dir)), overwrite=True, trainer_class=TimedDAPOTrainer)
     trainer, args = built.trainer, built.parsed.args
     trainer.train()
     result = {"dynamic_sampling": dynamic, "steps": steps, "train_seconds": round(built.eval_callback.train_seconds, 2),

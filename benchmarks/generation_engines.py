@@ -10,7 +10,7 @@ On the bundled tiny model, in one run:
     python benchmarks/generation_engines.py [--prompts 200] [--samples 8] [--steps 6]
         [--output benchmarks/results/generation_engines.json]
 
-Needs vLLM (README, 'Install': GPU or CPU build).
+Needs vLLM (docs/install.md: GPU or CPU build).
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     from poise_trl.generation import close_vllm_engines, vllm_import_error
-    from poise_trl.prompts import load_prompt_dataset
     from poise_trl.provenance import package_versions, write_json
+    from poise_trl.tasks import load_prompt_dataset
 
     if vllm_import_error():
         sys.exit(f"error: {vllm_import_error()}; this benchmark compares it with transformers")

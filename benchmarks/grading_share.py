@@ -25,9 +25,9 @@ from pathlib import Path
 
 from poise_trl import sandbox
 from poise_trl.build import build_run
-from poise_trl.prompts import load_prompt_dataset
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.tasks import is_task, score_rows
+from poise_trl.recipe import parse_recipe
+from poise_trl.tasks import is_task, load_prompt_dataset, score_rows
 from poise_trl.trainers.poise import POISETrainer
 
 TASKS = ("toy-arith", "reasoning-gym:leg_counting", "bfcl", "ifeval", "humaneval")
@@ -53,7 +53,7 @@ def measure(task: str, steps: int, workdir: Path) -> dict:
               "probe_response_components": 8, "probe_bootstrap_steps": 1, "eval_every": 0, "eval_limit": 1}
     if task != "toy-arith":
         recipe["dataset_size"] = 16 * steps
-    run = build_run(recipe, str(workdir / task.replace(":", "-")), overwrite=True, trainer_class=TimedRewardsTrainer)
+    run = build_run(parse_recipe(recipe, str(workdir / task.replace(":", "-"))), overwrite=True, trainer_class=TimedRewardsTrainer)
     trainer = run.trainer
     trainer.reward_seconds = []
     trainer.train()

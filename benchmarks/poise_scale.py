@@ -42,7 +42,7 @@ from poise_trl.features import RolloutFeatures
 from poise_trl.probe import LinearValueProbe, ProbeEstimator
 from poise_trl.provenance import package_versions, write_json
 
-REFERENCE = (4096, 2560)  # poise-spec buffer rows, Qwen3-4B hidden size
+REFERENCE = (4096, 2560)  # the reference run's buffer rows, Qwen3-4B hidden size
 # build_run evaluates held-out accuracy at the start and the end of every run, outside the timed
 # steps but inside the peak-memory window: one prompt, one token.
 MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1, "eval_batch_size": 1}

@@ -21,12 +21,20 @@ CLOCK_KEYS = {"wall_clock_seconds", "train_seconds", "step_time", "train_runtime
 PATH_KEYS = {"output_dir", "logging_dir"}
 
 
-def comparable(value):
-    if isinstance(value, dict):
-        return {k: comparable(v) for k, v in value.items() if k not in CLOCK_KEYS | PATH_KEYS}
+def comparable(value, left_out: frozenset = frozenset()):
+    """`value` without the clocks, the paths and the keys in `left_out`, at any depth."""
+    if isinstance(value, dict):  # a logged clock may carry its trainer's prefix (a2po/stage1_seconds)
+        return {k: comparable(v, left_out) for k, v in value.items()
+                if k.rsplit("/", 1)[-1] not in CLOCK_KEYS and k not in PATH_KEYS | left_out}
     if isinstance(value, list):
-        return [comparable(v) for v in value]
+        return [comparable(v, left_out) for v in value]
     return value
+
+
+def has_key(value, key: str) -> bool:
+    if isinstance(value, dict):
+        return key in value or any(has_key(v, key) for v in value.values())
+    return isinstance(value, list) and any(has_key(v, key) for v in value)
 
 
 def differences(a, b, where: str = "") -> list[str]:
@@ -46,17 +54,17 @@ def main() -> int:
     parser.add_argument("--output", help="JSON report to write")
     parser.add_argument("--note", default="", help="what A and B are (code versions, machine)")
     parser.add_argument("--added", action="append", default=[], metavar="KEY",
-                        help="a top-level summary field the later version added (absent from A): left out, and listed")
+                        help="a summary field the later version added (absent from A): left out at any depth, and "
+                             "listed")
     cli = parser.parse_args()
     if len(cli.runs) % 2:
         parser.error("give run folders in pairs")
     pairs = []
     for a, b in zip(cli.runs[::2], cli.runs[1::2], strict=True):
         sa, sb = (json.loads((Path(p) / "summary.json").read_text()) for p in (a, b))
-        if any(key in sa for key in cli.added):
+        if any(has_key(sa, key) for key in cli.added):
             parser.error(f"{a} has a field given as --added: compare it")
-        sb = {key: value for key, value in sb.items() if key not in cli.added}
-        found = differences(comparable(sa), comparable(sb))
+        found = differences(comparable(sa), comparable(sb, frozenset(cli.added)))
         pairs.append({"a": Path(a).name, "b": Path(b).name, "algo": sa.get("algo"), "identical": not found,
                       "steps": sa.get("steps"), "heldout_accuracy": [p["accuracy"] for p in sa["heldout_history"]],
                       "train_log_entries": len(sa["train_log"]), "differences": found[:20]})

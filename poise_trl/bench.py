@@ -1,25 +1,11 @@
-"""`poise bench`: sample n completions per problem on math benchmarks, grade them with the toolkit's
-math-verify reward, and report Avg@n, pass@k, maj@n and response lengths.
+"""`poise bench`: sample n completions per problem, grade them (math-verify or a task's own verifier) and
+report Avg@n, pass@k, maj@n and response lengths.
 
-Runs are resumable. Every graded sample is appended to `<output_dir>/<bench>/samples.jsonl` as soon as its
-batch finishes (flush + fsync), keyed by (problem index, sample index); a re-run with the same settings
-generates only what is missing. Samples are drawn in *blocks* (up to `batch_size` samples of one problem)
-whose seed depends only on (seed, block size, problem, block), so what a resumed run generates does not
-depend on what an interrupted one had finished: resumed results are those of a fresh run. A record holds
-`problem`, `sample`, `text` (the response), `answer` (the answer extracted from it, or null), `gold`,
-`reward` (in [0, 1]; Avg@n is its mean), `correct` (reward 1), `finish_reason` ("stop" or "length"),
-`truncated` (finish_reason "length") and `num_tokens`; a file from before `gold`, `reward` and
-`finish_reason` were stored gains them when resumed.
-`<output_dir>/<bench>/settings.json` records what the samples depend on, and a run with other settings is
-refused instead of mixing samples.
-
-A benchmark is a registered name (`bench_data.BENCHMARKS`), a task, a registered dataset, a local file or folder, or a hub id, in
-any schema poise_trl.prompts reads. The `poise` preset is the paper's protocol (seed 000, Sec. 4.1: Avg@32 at
-T=0.6, top-p 0.95 on AMC23/24, AIME24/25/26, HMMT25, BRUMO25). Results are also written as EvalScope
-reports (`<output_dir>/reports/<model>/<bench>.json`, so `evalscope app --outputs <parent of output_dir>`
-lists them), in lighteval's results layout (`<output_dir>/results_lighteval.json`), and can be added to a
-hub model card as model-index entries (`bench_reports.eval_results`).
-What a benchmark is lives in `bench_data`, how samples are graded and scored in `bench_scores`.
+Resumable: every graded sample goes to `<output_dir>/<bench>/samples.jsonl` as soon as its batch ends,
+sampled in blocks seeded by (seed, block size, problem, block), so a resumed run equals a fresh one;
+`settings.json` refuses a rerun with other settings. Results also go to EvalScope reports, lighteval's
+results layout and hub model-index entries. What a benchmark is lives in `bench_data`, how samples are
+graded and scored in `bench_scores`. Details: docs/commands.md and docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -27,13 +13,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from poise_trl.bench_data import (
     BENCHMARKS,
+    ID_COLUMNS,
     PRESETS,
     RESULT_SETTINGS,
     BenchError,
@@ -47,10 +35,12 @@ from poise_trl.bench_data import (
 from poise_trl.bench_reports import write_evalscope_reports, write_lighteval_results
 from poise_trl.bench_scores import average_over_benchmarks, dataset_metrics, grade_batch
 from poise_trl.generation import ENGINES, Engine, Sample, close_vllm_engines, load_engine
-from poise_trl.loading import resolve_model_path
+from poise_trl.loading import load_tokenizer, resolve_model_path
 from poise_trl.progress import progress_bars
-from poise_trl.provenance import package_versions, write_json, write_text
+from poise_trl.provenance import package_versions, write_json
 from poise_trl.tasks.math_grader import answer_to_str
+
+logger = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------------- resumable store
 
@@ -114,23 +104,13 @@ def sample_writer(path: Path) -> Iterator[Callable[[list[dict]], None]]:
 
 
 def sample_record(problem: int, sample: int, generated: Sample, graded: dict, row: dict) -> dict:
-    """One line of samples.jsonl: the response, its grade and what eval tools read beside it."""
-    return {"problem": problem, "sample": sample, **graded, "gold": answer_to_str(row["answer"]),
+    """One line of samples.jsonl: the response, its grade, the row's own id where it has one (`poise grade`
+    matches lines to rows by it) and what eval tools read beside it."""
+    row_id = next((row[column] for column in ID_COLUMNS if row.get(column) is not None), None)
+    return {"problem": problem, **({"id": row_id} if row_id is not None else {}), "sample": sample, **graded,
+            "gold": answer_to_str(row["answer"]),
             "num_tokens": generated.num_tokens, "truncated": generated.truncated,
             "finish_reason": generated.finish_reason, "text": generated.text}
-
-
-def complete_old_records(path: Path, records: dict[tuple[int, int], dict], golds: Sequence) -> None:
-    """Give the records of a samples file from before bench stored `gold`, math rewards and `finish_reason`
-    those fields, from the dataset and their other fields (a math reward is 1 when correct; only the token
-    budget cut a response short), and rewrite the file once, whole, so that every line has them."""
-    if all("finish_reason" in r for r in records.values()):
-        return
-    for key, record in records.items():
-        defaults = {"reward": float(record["correct"]), "gold": answer_to_str(golds[key[0]]),
-                    "finish_reason": "length" if record["truncated"] else "stop"}
-        records[key] = {**record, **{k: v for k, v in defaults.items() if k not in record}}
-    write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()))
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -188,6 +168,30 @@ def generate_missing(engine: Engine, dataset, settings: dict, done: set, batch_s
 # ------------------------------------------------------------------------------------------- the run
 
 
+def capped_budget(model_path: str, dataset, bench_name: str, max_new_tokens: int) -> int:
+    """`max_new_tokens`, capped at what the model's context leaves after the benchmark's longest prompt (chat
+    template included), saying so once; as it is where the model's config cannot be read here (a hub id
+    offline: the engine then reports it)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path).get_text_config()
+        context = getattr(config, "max_position_embeddings", None)
+        tokenizer = load_tokenizer(model_path) if context else None
+    except (OSError, ValueError):
+        return max_new_tokens
+    if not context:
+        return max_new_tokens
+    texts = [tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+             for prompt in dataset["prompt"]]
+    longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    room = max(context - longest, 1)
+    if max_new_tokens > room:
+        logger.warning("%s: max_new_tokens %d capped at %d: the model's context is %d tokens and the longest "
+                       "prompt takes %d", bench_name, max_new_tokens, room, context, longest)
+    return min(max_new_tokens, room)
+
+
 def resolve_model(model: str) -> str:
     """Local folders as absolute paths (so `data/tiny-qwen3` and its full path are one model); hub ids as is."""
     path = resolve_model_path(model)
@@ -240,7 +244,7 @@ def run_benchmarks(
     if request.limit is not None and request.limit < 1:
         raise BenchError(f"--limit must be at least 1, got {request.limit}")
     if num_samples < 1 or batch_size < 1 or (max_new_tokens is not None and max_new_tokens < 1):
-        raise BenchError("--n, --batch-size and --max-new-tokens must be at least 1")
+        raise BenchError("--n-samples, --batch-size and --max-new-tokens must be at least 1")
     if temperature < 0 or not 0 < top_p <= 1:
         raise BenchError(f"need temperature >= 0 and 0 < top-p <= 1, got {temperature} and {top_p}")
     output_dir = Path(output_dir)
@@ -263,7 +267,8 @@ def run_benchmarks(
             "num_samples": num_samples,
             "temperature": temperature,
             "top_p": top_p,
-            "max_new_tokens": max_new_tokens or spec.max_new_tokens,
+            "max_new_tokens": capped_budget(model_path, dataset, bench_name,
+                                            max_new_tokens or spec.max_new_tokens),
             "seed": seed,
             "data_fingerprint": data_fingerprint(dataset),
             "data_source": spec.source,
@@ -284,9 +289,6 @@ def run_benchmarks(
         write_json(bench_dir / "settings.json", settings)
 
     done = {s["benchmark"]: read_samples(output_dir / s["benchmark"] / "samples.jsonl") for _, s in plans}
-    for dataset, settings in plans:
-        name = settings["benchmark"]
-        complete_old_records(output_dir / name / "samples.jsonl", done[name], dataset["answer"])
     pending = any(len(done[s["benchmark"]]) < len(ds) * num_samples for ds, s in plans)
     if engine not in ENGINES:
         raise BenchError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")

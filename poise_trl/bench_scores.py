@@ -9,26 +9,22 @@ from decimal import Decimal
 
 from poise_trl.bench_data import BenchError
 from poise_trl.metrics import mean_and_stderr, pass_at_k, pass_ks
-from poise_trl.tasks import extract_tagged_answer, get_family, score_rows
+from poise_trl.tasks import get_family, row_verifiers, score_rows
+from poise_trl.tasks.family import extract_tagged_answer
 from poise_trl.tasks.math_grader import extract_final_answer
-from poise_trl.tasks.math_grader import grade_batch as grade_math
 
 # ------------------------------------------------------------------------------------------- grading
 
 
 def grade_batch(texts: list[str], rows: list[dict]) -> list[dict]:
     """What bench stores about each completion, all of a batch at once: `reward` in [0, 1], `correct` when
-    it is 1 (pass@k counts those) and the answer it votes for. Math rows: math-verify's verdict (one round
-    trip to the grading worker, reward 1 or 0) and the final boxed answer; task rows (`task`, `verifier`
-    columns): their own verifier (a code family runs its programs in one sandbox pool) and the answer where
-    the family asks for one."""
-    if not rows or "task" not in rows[0]:
-        correct = grade_math([(text, row["answer"]) for text, row in zip(texts, rows, strict=True)])
-        return [{"reward": float(ok), "correct": ok, "answer": extract_final_answer(text)}
-                for text, ok in zip(texts, correct, strict=True)]
-    rewards = score_rows(texts, [row["task"] for row in rows], [row["verifier"] for row in rows])
-    return [{"reward": reward, "correct": reward >= 1.0, "answer": voted_answer(row["task"], text)}
-            for text, row, reward in zip(texts, rows, rewards, strict=True)]
+    it is 1 (pass@k counts those) and the answer it votes for: each row's own verifier (`tasks.row_verifiers`:
+    a math row's is math-verify, in one round trip to the grading worker; a code family runs its programs in
+    one sandbox pool) and the answer where the family asks for one."""
+    tasks, verifiers = row_verifiers(rows)
+    rewards = score_rows(texts, tasks, verifiers)
+    return [{"reward": reward, "correct": reward >= 1.0, "answer": voted_answer(task, text)}
+            for text, task, reward in zip(texts, tasks, rewards, strict=True)]
 
 
 def voted_answer(task: str, text: str) -> str | None:

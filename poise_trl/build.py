@@ -1,130 +1,33 @@
-"""The one way a run is built: recipe -> typed settings and the algorithm's config -> model, tokenizer,
-data, rewards -> output folder decision -> a ready trainer with its callbacks.
-
-`poise train`, the tests and the benchmarks all build through `build_run`; `parse_recipe` is the
-part that reads no model or data (`poise plan` and `poise compare` use it alone). Nothing is written
-here: `train.py` writes the run.
+"""The one way a run is built: a run plan (`recipe.parse_recipe`) -> model, tokenizer, data, rewards ->
+output folder decision -> a ready trainer with poise-trl's callbacks and its algorithm's. `poise train`,
+the tests and the benchmarks all build through `build_run`; nothing is written here (`train.py` writes).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from peft import LoraConfig
+from transformers.trainer_callback import PrinterCallback
 
-from poise_trl.callbacks import (
-    Budget,
-    CheckpointMarkerCallback,
-    HeldOutEvalCallback,
-    ProbeReportCallback,
-    RichProgressCallback,
-)
+from poise_trl.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
 from poise_trl.generation import keep_cpu_engine_weights_reloadable, resolve_engine
-from poise_trl.loading import check_model_files, load_tokenizer, resolve_model_path
-from poise_trl.prompts import load_prompt_dataset
-from poise_trl.recipe import RecipeError, RunSettings, split_recipe
+from poise_trl.loading import check_model_files, hub_unreachable, load_tokenizer, resolve_model_path
+from poise_trl.prompts import DATASETS, DatasetUnavailableError
+from poise_trl.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.rewards import check_reward_functions, get_reward_functions
 from poise_trl.run_folder import RunFolder, plan_output_dir
-from poise_trl.tasks import is_task
-from poise_trl.trainers import Algorithm, get_algorithm
+from poise_trl.tasks import is_task, load_prompt_dataset
+from poise_trl.trainers.base import RunCallback
 from poise_trl.vllm_server import server_generation
-
-
-@dataclass
-class ParsedRecipe:
-    """A recipe read once: its run settings, the algorithm, the config keys it sets, and the config
-    object built for this machine (CPU: `use_cpu`, no bf16)."""
-
-    recipe: dict
-    algorithm: Algorithm
-    settings: RunSettings
-    config_kwargs: dict
-    args: object
-
-    def requested(self, key: str):
-        """A config value as the recipe asks for it, whatever this machine is (`poise plan` sizes a GPU
-        launch from a CPU machine)."""
-        return requested_value(self.algorithm, self.config_kwargs, key)
-
-
-def requested_value(algorithm: Algorithm, config_kwargs: dict, key: str):
-    """The recipe's own value of a config key, else the algorithm's default; None for a key the
-    algorithm's config does not have (A*-PO has no vLLM switch)."""
-    if key in config_kwargs:
-        return config_kwargs[key]
-    default = algorithm.config_class.__dataclass_fields__.get(key)
-    if default is None:
-        return None
-    if default.default is not dataclasses.MISSING:
-        return default.default
-    return default.default_factory() if default.default_factory is not dataclasses.MISSING else None
-
-
-def parse_recipe(recipe: dict, output_dir: str | None = None) -> ParsedRecipe:
-    try:
-        algorithm = get_algorithm(recipe.get("algo", "grpo"))
-    except ValueError as exc:
-        raise RecipeError(str(exc)) from None
-    settings, config_kwargs = split_recipe(recipe, algorithm)
-    if settings.rewards is None:
-        settings.rewards = ["task"] if is_task(settings.dataset) else ["math_accuracy"]
-    elif isinstance(settings.rewards, str):  # `rewards: math_accuracy`
-        settings.rewards = [settings.rewards]
-    if (isinstance(settings.dataset, list) and "probe_domain_column" in algorithm.config_class.__dataclass_fields__
-            and "probe_domain_column" not in config_kwargs):
-        # A mix: one probe and buffer per task, as POISE's official code keeps one per domain; a recipe may
-        # still set probe_domain_column: null for one shared probe.
-        config_kwargs["probe_domain_column"] = "task"
-    args = build_config(algorithm, config_kwargs, output_dir)
-    return ParsedRecipe(recipe, algorithm, settings, config_kwargs, args)
-
-
-def build_config(algorithm: Algorithm, config_kwargs: dict, output_dir: str | None):
-    kwargs = dict(config_kwargs)
-    if output_dir is not None:
-        kwargs["output_dir"] = output_dir
-    kwargs.setdefault("output_dir", f"runs/{algorithm.name}")
-    kwargs.setdefault("report_to", "none")
-    kwargs["disable_tqdm"] = True  # the rich display replaces tqdm
-    if kwargs.get("log_completions") and "num_completions_to_print" in algorithm.config_class.__dataclass_fields__:
-        kwargs.setdefault("num_completions_to_print", 4)  # TRL prints every row of the table at each log
-    if not torch.cuda.is_available():
-        kwargs.update(use_cpu=True, bf16=False)
-        kwargs.setdefault("gradient_checkpointing", False)
-    if "num_generations" in algorithm.config_class.__dataclass_fields__:  # A*-PO: one rollout per prompt
-        check_batch_geometry({key: requested_value(algorithm, config_kwargs, key) for key in
-                              ("num_generations", "per_device_train_batch_size", "steps_per_generation",
-                               "gradient_accumulation_steps", "generation_batch_size")})
-    try:
-        return algorithm.config_class(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise RecipeError(f"invalid settings for algo {algorithm.name!r}: {exc}") from None
-
-
-def check_batch_geometry(values: dict) -> None:
-    """Catch the batch sizes TRL would reject later, with the fix spelled out."""
-    num_generations = values.get("num_generations", 8)
-    per_device = values.get("per_device_train_batch_size", 8)
-    steps = values.get("steps_per_generation") or values.get("gradient_accumulation_steps", 1)
-    generation_batch = values.get("generation_batch_size") or per_device * steps
-    if generation_batch % num_generations:
-        raise RecipeError(
-            f"generation batch size {generation_batch} (per_device_train_batch_size={per_device} x "
-            f"steps_per_generation={steps}) is not divisible by num_generations={num_generations}: every prompt needs "
-            f"its {num_generations} rollouts in the same batch. Make per_device_train_batch_size x steps_per_generation "
-            f"a multiple of {num_generations} (e.g. per_device_train_batch_size={num_generations * max(1, per_device // num_generations)})"
-        )
 
 
 def build_peft_config(peft: dict | None):
     if not peft:
         return None
-    from peft import LoraConfig
-
     settings = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear", "task_type": "CAUSAL_LM"}
     settings.update(peft)
     try:
@@ -148,9 +51,6 @@ def budget_from(settings: RunSettings) -> Budget | None:
 def require_hub_if_needed(source: str | list, split: str | None) -> None:
     """A hub dataset with no network fails here in about a second, with one line. With
     HF_HUB_OFFLINE=1, `datasets` reads its local cache (or fails at once) by itself."""
-    from poise_trl.hub import hub_unreachable
-    from poise_trl.prompts import DATASETS, DatasetUnavailableError
-
     if is_task(source):  # generated or bundled with the task's package
         return
     spec = DATASETS.get(source)
@@ -193,7 +93,7 @@ def load_datasets(settings: RunSettings, seed: int):
 class Run:
     """A built run. `trainer` is None when the output folder holds this run finished (`folder.state`)."""
 
-    parsed: ParsedRecipe
+    plan: RunPlan
     model_path: str
     tokenizer: object
     train_set: object
@@ -201,25 +101,25 @@ class Run:
     folder: RunFolder
     trainer: object = None
     eval_callback: HeldOutEvalCallback | None = None
-    probe_report: ProbeReportCallback | None = None
+    algorithm_callbacks: list[RunCallback] = field(default_factory=list)  # `Algorithm.callbacks`, made
 
     @property
     def resume_from(self) -> str | None:
         return str(self.folder.checkpoint) if self.folder.checkpoint else None
 
 
-def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, overwrite: bool = False,
-              show_progress: bool = False, reward_funcs: list | None = None, trainer_class: type | None = None,
+def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = False,
+              reward_funcs: list | None = None, trainer_class: type | None = None,
               callbacks: list | None = None) -> Run:
-    """Recipe -> checked model, data, rewards and output folder -> trainer with poise-trl's callbacks.
+    """Run plan -> checked model, data, rewards and output folder -> trainer with poise-trl's callbacks and
+    the algorithm's.
 
     Every check runs before the trainer is built and nothing is written; the reward functions are called
     once on a dry batch of train rows (`rewards.check_reward_functions`). For Python callers:
     `reward_funcs` replaces the recipe's `rewards` with callables (TRL's reward-function signature), and
     `trainer_class` a subclass of the algorithm's trainer (an instrumented one, say), and `callbacks` are
     TrainerCallbacks called before poise-trl's own (a benchmark's step clock, say)."""
-    parsed = recipe if isinstance(recipe, ParsedRecipe) else parse_recipe(recipe, output_dir)
-    settings, args = parsed.settings, parsed.args
+    settings, args, algorithm = plan.settings, plan.args, plan.algorithm
     if settings.push_to_hub and not args.hub_model_id:
         raise RecipeError("push_to_hub needs the repository to push to: set hub_model_id: <user>/<name>")
     if getattr(args, "use_vllm", False):  # A*-PO's config has no vLLM switch
@@ -234,8 +134,8 @@ def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, ove
     reward_funcs = reward_funcs if reward_funcs is not None else get_reward_functions(settings.rewards)
     check_reward_functions(reward_funcs, train_set, tokenizer, reward_names)  # one line, before the folder
     peft_config = build_peft_config(settings.peft)
-    folder = plan_output_dir(args, parsed.recipe, overwrite)
-    run = Run(parsed, model_path, tokenizer, train_set, eval_set, folder)
+    folder = plan_output_dir(args, plan.recipe, overwrite)
+    run = Run(plan, model_path, tokenizer, train_set, eval_set, folder)
     if folder.state == "finished":
         return run
     if run.resume_from:
@@ -248,9 +148,10 @@ def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, ove
     )
     callbacks = [*(callbacks or []), run.eval_callback] + (
         [RichProgressCallback(run.eval_callback)] if show_progress else [])
-    trainer_class = trainer_class or parsed.algorithm.trainer_class
-    if not issubclass(trainer_class, parsed.algorithm.trainer_class):
-        raise TypeError(f"trainer_class {trainer_class.__name__} does not extend {parsed.algorithm.trainer_class.__name__}")
+    trainer_class = trainer_class or algorithm.trainer_class
+    if not issubclass(trainer_class, algorithm.trainer_class):
+        raise TypeError(f"trainer_class {trainer_class.__name__} does not extend "
+                        f"{algorithm.trainer_class.__name__}")
     with server_generation(args):
         trainer = trainer_class(
             model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=train_set,
@@ -258,12 +159,11 @@ def build_run(recipe: dict | ParsedRecipe, output_dir: str | None = None, *, ove
         )
     run.eval_callback.trainer = trainer
     if show_progress:
-        from transformers.trainer_callback import PrinterCallback
-
         trainer.remove_callback(PrinterCallback)  # the live display replaces the raw log dicts
-    if hasattr(trainer, "probe_history"):
-        run.probe_report = ProbeReportCallback(trainer, args.output_dir, resume_from=run.resume_from)
-        trainer.add_callback(run.probe_report)
+    run.algorithm_callbacks = [make(trainer, args.output_dir, run.resume_from)
+                               for make in algorithm.callbacks]
+    for callback in run.algorithm_callbacks:
+        trainer.add_callback(callback)
     trainer.add_callback(CheckpointMarkerCallback())  # last: it marks a checkpoint complete
     run.trainer = trainer
     return run

@@ -1,5 +1,5 @@
-"""Training callbacks: held-out accuracy against compute (with an optional generation budget),
-a rich progress display, and POISE's probe report."""
+"""The callbacks of every run: held-out accuracy against compute (with an optional generation budget),
+a rich progress display, and the marker that makes a checkpoint complete."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import TrainerCallback
+from transformers.integrations import is_deepspeed_zero3_enabled
 
 from poise_trl.generation import colocated_vllm, evaluate_accuracy, training_engine
-from poise_trl.metrics import calibration_bins, mean_or_none
 from poise_trl.provenance import write_json
-from poise_trl.run_folder import checkpoint_folder, write_checkpoint_marker
+from poise_trl.run_folder import write_checkpoint_marker
+from poise_trl.trainers.base import checkpoint_folder
 
 LEDGER_FILE = "heldout_ledger.json"
 
@@ -93,8 +94,6 @@ class HeldOutEvalCallback(TrainerCallback):
         trainer = self.trainer
         if trainer is None or colocated_vllm(trainer) is not None:
             return False
-        from transformers.integrations import is_deepspeed_zero3_enabled
-
         return trainer.is_fsdp_enabled or is_deepspeed_zero3_enabled()
 
     def _evaluate(self, state, model, **extra) -> None:
@@ -104,10 +103,11 @@ class HeldOutEvalCallback(TrainerCallback):
         if self.trainer is not None:
             model = self.trainer.accelerator.unwrap_model(model)  # DDP's wrapper has no generate()
         started = time.time()
-        # Same sampling seed at every evaluation: differences between points come from the
-        # policy, not from the draw.
+        # The run's seed samples every evaluation: differences between points come from the policy, not
+        # the draw; runs of other seeds draw afresh, arms of one seed share it (`poise compare` pairs them).
         engine = training_engine(self.trainer, model, self.tokenizer, self.batch_size)
-        result = evaluate_accuracy(engine, self.dataset, seed=self.seed, **self.sample_kwargs)
+        result = evaluate_accuracy(engine, self.dataset, seed=self.seed, keep_per_prompt=True,
+                                   **self.sample_kwargs)
         result.update(step=state.global_step, generated_tokens=self.spent("tokens"),
                       generated_rollouts=self.spent("rollouts"), train_seconds=round(self.train_seconds, 3),
                       seconds=round(time.time() - started, 2), **extra)
@@ -282,67 +282,6 @@ class RichProgressCallback(TrainerCallback):
             self.progress = None
 
 
-PROBE_HISTORY_FILE = "probe_history.json"
-
-
-class ProbeReportCallback(TrainerCallback):
-    """POISE: at the end of training, `probe_report.json` (online probe metrics per round,
-    probe config, final counters) and `probe_values.png` (predicted vs realized value).
-    The per-round history goes into every checkpoint and comes back on resume, so the report
-    of a resumed run covers all of its rounds."""
-
-    def __init__(self, trainer, output_dir: str, resume_from: str | None = None):
-        self.trainer = trainer
-        self.output_dir = output_dir
-        self.resume_from = resume_from
-        self.report: dict | None = None
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            write_json(checkpoint_folder(args.output_dir, state.global_step) / PROBE_HISTORY_FILE,
-                       {"history": self.trainer.probe_history})
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if self.resume_from:
-            self.restore(self.resume_from)
-
-    def restore(self, checkpoint: str) -> None:
-        path = Path(checkpoint) / PROBE_HISTORY_FILE
-        if path.exists():
-            self.trainer.probe_history = json.loads(path.read_text())["history"]
-        else:
-            warnings.warn(f"{checkpoint} has no {PROBE_HISTORY_FILE}: probe_report.json covers only the rounds after "
-                          "it", stacklevel=2)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        from poise_trl.provenance import package_versions
-
-        history = self.trainer.probe_history
-        active = [h for h in history if h.get("probe_active")]
-        keys = ("mae", "rmse", "pearson", "brier_skill", "pairwise_sign_acc", "variance_reduction")
-        summary = {k: mean_or_none([h[k] for h in active if k in h]) for k in keys}
-        estimator = self.trainer.value_estimator
-        report = {
-            "rounds": len(history),
-            "probe_active_rounds": len(active),
-            "online_mean_after_bootstrap": summary,
-            "per_round": [{k: v for k, v in h.items() if k not in ("predictions", "targets")} for h in history],
-            "probe_config": estimator.config,
-            "probe_layer_index": self.trainer.probe_layer_index,
-            "refit_count": estimator.refit_count,
-            "calibration": calibration_bins(active),
-            "trainer_config": args.to_dict(),
-            "versions": package_versions(),
-        }
-        self.report = report
-        out = Path(self.output_dir)
-        write_json(out / "probe_report.json", report)
-        if active:
-            _plot_predicted_vs_realized(report["calibration"], active, out / "probe_values.png")
-
-
 class CheckpointMarkerCallback(TrainerCallback):
     """Marks a checkpoint complete once everything else is in it (the Trainer's files, the
     ledger, the probe state): added after every other callback. A checkpoint without the
@@ -352,29 +291,3 @@ class CheckpointMarkerCallback(TrainerCallback):
         if state.is_world_process_zero:
             folder = checkpoint_folder(args.output_dir, state.global_step)
             write_checkpoint_marker(folder, state.global_step)
-
-
-def _plot_predicted_vs_realized(calibration: list[dict], records: list[dict], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    xs = [c["mean_predicted"] for c in calibration]
-    ys = [c["mean_realized"] for c in calibration]
-    left.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
-    left.plot(xs, ys, "o-", label="probe")
-    for x, y, c in zip(xs, ys, calibration, strict=True):
-        left.annotate(str(c["count"]), (x, y), textcoords="offset points", xytext=(0, 6), fontsize=7, ha="center")
-    left.set(xlabel="probe prediction (out of sample, binned)", ylabel="mean realized reward",
-             title="POISE probe: predicted vs realized", xlim=(0, 1), ylim=(0, 1))
-    left.legend()
-    steps = [r["step"] for r in records]
-    right.plot(steps, [r["mae"] for r in records], label="online MAE")
-    right.plot(steps, [r["variance_reduction"] for r in records], label="variance reduction")
-    right.set(xlabel="step", title="probe quality over training")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

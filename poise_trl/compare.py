@@ -1,20 +1,14 @@
 """`poise compare`: recipes against each other at equal generation compute, over seeds.
 
-Every (recipe, seed) run is `poise train RECIPE seed=S budget_tokens=N ...` in its own
-process, so a crash, a vLLM engine or GPU memory never leaks from one run into the next. It
-writes to O/runs/<name>/seed<S>/: a run with a summary.json made with the same settings is
-complete and skipped; one with checkpoints resumes from the newest (the held-out curve, the
-counters and the training clock come back with it, see `HeldOutEvalCallback`).
-
-Aggregation reads only the runs' summary.json files: the held-out curve recorded at equal
-fractions of the budget (each point carries generated tokens and training seconds) and TRL's
-per-step log. Curves of different seeds are aligned by budget point; spread is the sample
-standard deviation over seeds. Training seconds count optimizer steps only (generation,
-scoring, the update), not held-out evaluation or checkpoint writing.
+Every (recipe, seed) run is `poise train RECIPE seed=S budget_tokens=N ...` in its own process, written to
+O/runs/<name>/seed<S>/ (complete runs are skipped, interrupted ones resume). Aggregation reads only the
+runs' summary.json files: held-out curves at equal fractions of the budget, aligned by budget point over
+seeds, and TRL's per-step log. docs/comparisons.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -23,31 +17,56 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from poise_trl.callbacks import Budget
 from poise_trl.provenance import package_versions, write_json
-from poise_trl.recipe import RecipeError, load_recipe, read_yaml
+from poise_trl.recipe import RecipeError, load_recipe, parse_recipe, read_yaml
 from poise_trl.run_folder import differing_settings
+from poise_trl.trainers import algorithms
+from poise_trl.trainers.base import CompareTable, Signal, logged
 
 SIGNAL_BINS = 10
-# Trainer-log series shown over training: (log key, title). POISE's probe metrics only exist
-# once the probe is active; DAPO's counts only under dynamic sampling.
-SIGNALS = {
-    "grad_norm": "gradient norm",
-    "probe/variance_reduction": "POISE variance reduction",
-    "probe/mae": "POISE probe MAE",
-    "dapo/dropped_fraction": "DAPO dropped-group fraction",
-    "zero_signal_fraction": "zero-signal rollouts (all rewards of the prompt equal)",
-}
+BOOTSTRAP_SAMPLES = 2000
 
-# POISE's prompt selection (recipes with `prompt_selection: true`): cumulative counters (their
-# last logged value) and per-step shares (their mean over training).
-SELECTION_COUNTERS = ("selection/candidates_scored", "selection/prompts_skipped", "selection/prefill_tokens")
-SELECTION_MEANS = ("selection/zero_signal_probe", "selection/zero_signal_floor",
-                   "selection/informativeness_pool", "selection/informativeness_rolled_out")
 
-# Critic arms (AsyPPO, PPO, VAPO): per-step critic diagnostics, averaged over the second half of
-# training, when the critics have had time to learn (issue 17's bar: explained variance >= 0.3).
-CRITIC_MEANS = ("critic/explained_variance", "critic/explained_variance_first_token", "critic/mc_sign_agreement")
+def zero_signal(entry: dict) -> float | None:
+    """The share of rollouts without a learning signal: an algorithm's own count where it logs one, else
+    TRL's share of the step's groups whose rewards have zero std."""
+    value = entry.get("zero_signal_fraction")
+    return value if value is not None else entry.get("frac_reward_zero_std")
+
+
+# Trainer-log series every run has, shown over training beside the algorithms' own (`Algorithm.signals`).
+FIRST_SIGNALS = {"grad_norm": Signal("gradient norm", "grad norm", logged("grad_norm"))}
+LAST_SIGNALS = {"zero_signal_fraction": Signal("zero-signal rollouts (all rewards of the prompt equal)",
+                                               "zero-signal", zero_signal)}
+
+
+def declared_signals() -> dict[str, list[Signal]]:
+    """Every series shown, in table order, with its readers: the algorithms' first (a log entry holds only
+    its own algorithm's keys), the common one last (its title names the series)."""
+    signals: dict[str, list[Signal]] = {key: [] for key in FIRST_SIGNALS}
+    for algorithm in algorithms().values():
+        for key, signal in algorithm.signals.items():
+            readers = signals.setdefault(key, [])
+            if signal not in readers:
+                readers.append(signal)
+    for key, signal in FIRST_SIGNALS.items():
+        signals[key].append(signal)
+    for key, signal in LAST_SIGNALS.items():
+        signals[key] = [*signals.pop(key, []), signal]
+    return signals
+
+
+def signal_value(key: str, entry: dict) -> float | None:
+    return next((v for signal in declared_signals()[key] if (v := signal.value(entry)) is not None), None)
+
+
+def compare_tables() -> list[CompareTable]:
+    """The algorithms' own tables (`Algorithm.compare_tables`), each once."""
+    tables = {table.key: table for algorithm in algorithms().values() for table in algorithm.compare_tables}
+    return list(tables.values())
 
 
 class CompareError(ValueError):
@@ -117,29 +136,11 @@ def aggregate_curves(curves: list[list[dict]]) -> list[dict]:
 
 
 def log_series(train_log: list[dict], key: str, unit: str = "tokens") -> list[tuple[float, float]]:
-    """(generated tokens or rollouts, value) for every training log entry that has `key`. POISE's
-    variance reduction counts only where the probe gave the baselines (its MAE is logged only
-    then; bootstrap rounds use RLOO). DAPO's dropped fraction comes from its group counts."""
-    series, spent = [], f"generated_{unit}"
-    for entry in train_log:
-        if spent not in entry:
-            continue
-        if key == "dapo/dropped_fraction":
-            if entry.get("dapo/generated_groups"):
-                series.append((entry[spent], entry["dapo/dropped_groups"] / entry["dapo/generated_groups"]))
-        elif key == "zero_signal_fraction":
-            # Every generated group counts, DAPO's dropped ones included; TRL logs the share of the
-            # step's groups whose rewards have zero std. A*-PO logs its own (rollouts whose target r - V* is 0).
-            if entry.get("zero_signal_fraction") is not None:
-                series.append((entry[spent], entry["zero_signal_fraction"]))
-            elif entry.get("dapo/generated_groups"):
-                uninformative = entry["dapo/generated_groups"] - entry["dapo/informative_groups"]
-                series.append((entry[spent], uninformative / entry["dapo/generated_groups"]))
-            elif entry.get("frac_reward_zero_std") is not None:
-                series.append((entry[spent], entry["frac_reward_zero_std"]))
-        elif entry.get(key) is not None and (key != "probe/variance_reduction" or entry.get("probe/mae") is not None):
-            series.append((entry[spent], entry[key]))
-    return series
+    """(generated tokens or rollouts, value) for every training log entry that has a value of series `key`
+    (read by `declared_signals`)."""
+    spent = f"generated_{unit}"
+    return [(entry[spent], value) for entry in train_log
+            if spent in entry and (value := signal_value(key, entry)) is not None]
 
 
 def logged_values(train_log: list[dict], key: str) -> list[float]:
@@ -147,28 +148,25 @@ def logged_values(train_log: list[dict], key: str) -> list[float]:
     return [e[key] for e in train_log if e.get(key) is not None]
 
 
-def selection_summary(train_log: list[dict]) -> dict[str, float]:
-    """The last value of each selection counter and the mean of each per-step share ({} without selection)."""
-    summary = {}
-    for key in SELECTION_COUNTERS:
-        values = logged_values(train_log, key)
-        if values:
-            summary[key] = values[-1]
-    for key in SELECTION_MEANS:
-        values = logged_values(train_log, key)
-        if values:
-            summary[key] = sum(values) / len(values)
-    return summary
+def run_mean(train_log: list[dict], key: str) -> float | None:
+    """A run's mean of series `key`: an algorithm's own reckoning where it gives one (`Signal.run_mean`)."""
+    for signal in declared_signals()[key]:
+        if signal.run_mean is not None and (value := signal.run_mean(train_log)) is not None:
+            return value
+    return mean_and_std([v for _, v in log_series(train_log, key)])[0]
 
 
-def critic_summary(train_log: list[dict]) -> dict[str, float]:
-    """The mean of each critic diagnostic over the second half of its logged steps ({} without critics)."""
+REDUCTIONS = {"last": lambda values: values[-1], "mean": lambda values: sum(values) / len(values),
+              "second_half": lambda values: sum(values[len(values) // 2:]) / len(values[len(values) // 2:])}
+
+
+def table_summary(train_log: list[dict], table: CompareTable) -> dict[str, float]:
+    """Each column of an algorithm's table reduced over one run's log ({} where the run logs none of them)."""
     summary = {}
-    for key in CRITIC_MEANS:
+    for key, (_, reduction) in table.columns.items():
         values = logged_values(train_log, key)
         if values:
-            second_half = values[len(values) // 2:]
-            summary[key] = sum(second_half) / len(second_half)
+            summary[key] = REDUCTIONS[reduction](values)
     return summary
 
 
@@ -214,8 +212,6 @@ def plan_runs(recipe_paths: list[Path], seeds: list[int], output_dir: Path) -> l
 def check_recipes(recipe_paths: list[Path], overrides: list[str]) -> tuple[dict[str, dict], list[str]]:
     """Load and validate every recipe before anything runs (a typo must not surface an hour
     in); returns the recipes and warnings worth showing."""
-    from poise_trl.build import parse_recipe
-
     recipes, warnings = {}, []
     for name, path in zip(run_names(recipe_paths), recipe_paths, strict=True):
         recipe = load_recipe(path, overrides)
@@ -322,7 +318,7 @@ def resolve_target(target: str | None, curves: dict[str, list[dict]]) -> dict | 
 def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: list[dict], budget: Budget,
                      target: float | None) -> dict:
     """One recipe's result from its seeds' summaries, their `budget_curve`s and the aggregate of those."""
-    per_seed = []
+    signals, tables, per_seed = declared_signals(), compare_tables(), []
     for summary, seed_curve in zip(summaries, curves, strict=True):
         record = {
             "seed": summary["seed"],
@@ -334,17 +330,11 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
             "steps": summary["steps"],
             "budget_reached": summary["budget_reached"],
         }
-        for key in SIGNALS:
-            record[f"mean {key}"] = mean_and_std([v for _, v in log_series(summary["train_log"], key)])[0]
-        counted = [e for e in summary["train_log"] if "zero_signal_rollouts" in e]
-        if counted:  # A*-PO: its stage-1 rollouts (V* estimation) carry no policy-gradient signal either
-            record["mean zero_signal_fraction"] = counted[-1]["zero_signal_rollouts"] / counted[-1]["generated_rollouts"]
-        selection = selection_summary(summary["train_log"])
-        if selection:
-            record["selection"] = selection
-        critics = critic_summary(summary["train_log"])
-        if critics:
-            record["critics_second_half"] = critics
+        for key in signals:
+            record[f"mean {key}"] = run_mean(summary["train_log"], key)
+        for table in tables:
+            if found := table_summary(summary["train_log"], table):
+                record[table.key] = found
         if target is not None:
             accuracies = [p["accuracy"] for p in seed_curve]
             record["tokens_to_target"] = first_crossing([p["generated_tokens"] for p in seed_curve], accuracies, target)
@@ -364,10 +354,10 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
         "all_reached_budget": all(r["budget_reached"] for r in per_seed),
         # Each seed against its own step-0 evaluation (same policy, its own sampling seed).
         "seeds_below_start": sum(r["final_accuracy"] < r["start_accuracy"] for r in per_seed),
-        "signals_mean": {key: across(f"mean {key}")[0] for key in SIGNALS},
+        "signals_mean": {key: across(f"mean {key}")[0] for key in signals},
         "curve": curve,
         "signals": {key: aggregate_bins([binned(log_series(s["train_log"], key, budget.unit), budget.amount)
-                                         for s in summaries]) for key in SIGNALS},
+                                         for s in summaries]) for key in signals},
         "runs": per_seed,
     }
     by_task = [s["heldout_history"][-1].get("by_task") for s in summaries]
@@ -377,14 +367,12 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
             task: {"start": mean_and_std([start[task] for start in starts])[0],
                    "final": dict(zip(("mean", "std"), mean_and_std([end[task] for end in by_task]), strict=True))}
             for task in by_task[0]}
-    if any("selection" in r for r in per_seed):
-        result["selection"] = {key: mean_and_std([r["selection"].get(key) for r in per_seed if "selection" in r])[0]
-                               for key in (*SELECTION_COUNTERS, *SELECTION_MEANS)}
-    if any("critics_second_half" in r for r in per_seed):
-        result["critics_second_half"] = {
-            key: dict(zip(("mean", "std"), mean_and_std([r["critics_second_half"].get(key) for r in per_seed
-                                                         if "critics_second_half" in r]), strict=True))
-            for key in CRITIC_MEANS}
+    for table in tables:
+        if any(table.key in r for r in per_seed):
+            stats = {key: mean_and_std([r[table.key].get(key) for r in per_seed if table.key in r])
+                     for key in table.columns}
+            result[table.key] = {key: dict(zip(("mean", "std"), stat, strict=True)) if table.spread
+                                 else stat[0] for key, stat in stats.items()}
     if target is not None:
         # On the seed-mean curve (one evaluation's noise moves a single seed's crossing a lot),
         # and per seed with how many seeds got there.
@@ -415,15 +403,100 @@ def aggregate(runs: list[PlannedRun], budget: Budget, target: str | None, recipe
             reached = result["to_target"]
             reached["seconds_ratio_to_reference"] = _ratio(reached["seconds"], ref_seconds)
             reached["tokens_ratio_to_reference"] = _ratio(reached["tokens"], ref_tokens)
+    seeds = {name: [s["seed"] for s in ss] for name, ss in by_name.items()}
     return {
         "budget": budget_dict(budget),
         "seeds": sorted({run.seed for run in runs}),
         "target": resolved,
+        "differences": paired_differences(seed_curves, seeds),
         "recipes": {name: {"path": str(next(r.recipe_path for r in runs if r.name == name)), "recipe": recipe}
                     for name, recipe in recipes.items()},
         "results": results,
         "versions": package_versions(),
     }
+
+
+# ---------------------------------------------------------------------------------------
+# Paired differences between arms, with the noise of seeds and of the held-out sample
+# ---------------------------------------------------------------------------------------
+
+
+def curve_weights(points: int) -> np.ndarray:
+    """Trapezoid weights over `points` equally spaced budget points, summing to 1: the area under a
+    held-out curve per unit of budget (the start counts half, as does the end)."""
+    if points == 1:
+        return np.ones(1)
+    weights = np.ones(points)
+    weights[[0, -1]] = 0.5
+    return weights / weights.sum()
+
+
+def seed_evaluations(curves: list[list[dict]], length: int) -> list[np.ndarray | None]:
+    """Each seed's first `length` budget points as a [points, prompts] array of per-prompt Avg@k, or None
+    where a run recorded no per-prompt results (runs made before `poise compare` kept them)."""
+    out = []
+    for curve in curves:
+        rows = [p.get("per_prompt") for p in curve[:length]]
+        same_prompts = all(r is not None and len(r) == len(rows[0]) for r in rows)
+        out.append(np.array(rows, dtype=float) if same_prompts else None)
+    return out
+
+
+def paired_difference(first: list[list[dict]], second: list[list[dict]], samples: int = BOOTSTRAP_SAMPLES,
+                      seed: int = 0) -> dict:
+    """Arm `first` minus arm `second` (their budget curves, seed by seed: same seeds, same order) in final
+    and area-under-curve held-out accuracy, with 95% percentile intervals of a bootstrap that redraws the
+    seeds and, within each seed, the held-out prompts (the same prompts for both arms and every budget
+    point: arms of one seed share the held-out set and the sampling seed). Runs without per-prompt results
+    (made before runs kept them) add a normal draw from each evaluation's standard error instead (`noise`
+    says which)."""
+    length = min(len(c) for c in [*first, *second])
+    weights = curve_weights(length)
+    evaluations = list(zip(seed_evaluations(first, length), seed_evaluations(second, length), strict=True))
+    by_prompt = all(a is not None and b is not None and a.shape == b.shape for a, b in evaluations)
+    rng = np.random.default_rng(seed)
+    seeds = len(evaluations)
+    if by_prompt:
+        per_seed = np.array([(a - b).mean(axis=1) for a, b in evaluations])  # [seeds, points]
+        # draws[s, r, k]: seed s's point differences when it fills slot k of redraw r, its prompts redrawn
+        draws = np.stack([rng.multinomial(len(a.T), np.full(len(a.T), 1 / len(a.T)), size=(samples, seeds))
+                          @ (a - b).T / len(a.T) for a, b in evaluations])
+        chosen = rng.integers(0, seeds, size=(samples, seeds))
+        boot = draws[chosen, np.arange(samples)[:, None], np.arange(seeds)].mean(axis=1)  # [samples, points]
+    else:
+        pairs = [list(zip(ca[:length], cb[:length], strict=True))
+                 for ca, cb in zip(first, second, strict=True)]
+        per_seed = np.array([[pa["accuracy"] - pb["accuracy"] for pa, pb in pair] for pair in pairs])
+        # The held-out sample's noise from each evaluation's standard error over prompts: one normal draw
+        # per seed for all its budget points, the arms' errors independent. Both err wide: shared prompts
+        # correlate the arms' errors (narrowing the difference's spread), and a seed's points move partly
+        # apart. None at the start, where both arms evaluate the same policy on the same draw.
+        scale = np.array([[0.0 if pa["step"] == pb["step"] == 0 and pa["accuracy"] == pb["accuracy"]
+                           else math.hypot(pa["stderr"], pb["stderr"]) for pa, pb in pair] for pair in pairs])
+        chosen = rng.integers(0, seeds, size=(samples, seeds))
+        boot = (per_seed[chosen] + rng.standard_normal((samples, seeds, 1)) * scale[chosen]).mean(axis=1)
+    result = {"seeds": seeds, "noise": "seeds and held-out prompts" if by_prompt else
+              "seeds and held-out sample (normal, from each evaluation's standard error)"}
+    for key, column in (("final", np.eye(length)[-1]), ("area", weights)):
+        diff = float(per_seed.mean(axis=0) @ column)
+        interval = [float(v) for v in np.percentile(boot @ column, [2.5, 97.5])]
+        result[key] = {"diff": diff, "ci95": interval, "resolved": interval[0] > 0 or interval[1] < 0}
+    return result
+
+
+def paired_differences(seed_curves: dict[str, list[list[dict]]],
+                       seeds: dict[str, list[int]]) -> dict[str, dict]:
+    """{"a - b": difference} for every pair of arms (in the order given), on the seeds both ran, and
+    {"a - start"} for each arm: its curve against its own start held flat (the same policy and draw)."""
+    out = {f"{name} - start": paired_difference(curves, [[curve[0]] * len(curve) for curve in curves])
+           for name, curves in seed_curves.items()}
+    for first, second in itertools.combinations(seed_curves, 2):
+        common = [s for s in seeds[first] if s in seeds[second]]
+        if common:
+            pick = {name: [seed_curves[name][seeds[name].index(s)] for s in common]
+                    for name in (first, second)}
+            out[f"{first} - {second}"] = paired_difference(pick[first], pick[second])
+    return out
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:
@@ -441,6 +514,7 @@ def write_outputs(report: dict, output_dir: Path) -> list[Path]:
 
 
 def plot_report(report: dict, output_dir: Path) -> list[Path]:
+    # matplotlib only where a figure is drawn (it takes a second to import); Agg before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")
@@ -472,8 +546,9 @@ def plot_report(report: dict, output_dir: Path) -> list[Path]:
     fig.savefig(accuracy_path, dpi=100)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, len(SIGNALS), figsize=(4.5 * len(SIGNALS), 4))
-    for ax, (key, title) in zip(axes, SIGNALS.items(), strict=True):
+    titles = {key: readers[-1].title for key, readers in declared_signals().items()}
+    fig, axes = plt.subplots(1, len(titles), figsize=(4.5 * len(titles), 4))
+    for ax, (key, title) in zip(axes, titles.items(), strict=True):
         drawn = False
         for name, result in results.items():
             bins = result["signals"][key]
@@ -509,6 +584,7 @@ def table_rows(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     def pm(stat, digits=3):
         return "-" if stat["mean"] is None else f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
 
+    shown = declared_signals()
     results, signals = [], []
     for name, r in report["results"].items():
         name = name + ("" if r["all_reached_budget"] else " *")
@@ -520,13 +596,13 @@ def table_rows(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             row += [num(t["tokens"], 0), num(t["seconds"], 0), f"{t['seeds_reached']}/{len(r['seeds'])}"]
             row += [num(t["seconds_ratio_to_reference"], 2)] if target["reference"] else []
         means = r["signals_mean"]
-        row += [num(means[key]) for key in SIGNALS]
+        row += [num(means[key]) for key in shown]
         signals.append(row)
     second_header = ["run"]
     if target:
         second_header += ["tokens to target", "s to target", "seeds reached"]
         second_header += [f"s ratio vs {target['reference']}"] if target["reference"] else []
-    second_header += ["grad norm", "POISE VR", "probe MAE", "DAPO dropped", "zero-signal"]
+    second_header += [readers[-1].header for readers in shown.values()]
     goal = "" if not target else f"target accuracy {target['accuracy']:.3f}" + (
         f" ({target['reference']}'s final mean)" if target["reference"] else "") + "; "
     tables = [
@@ -534,18 +610,26 @@ def table_rows(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
          ["run", "algo", "seeds", "start acc", "final acc", "tokens", "train s"], results),
         (f"{goal}training signals (means over training)", second_header, signals),
     ]
-    critics = [[name, *(pm(r["critics_second_half"][key]) for key in CRITIC_MEANS),
-                f"{r['seeds_below_start']}/{len(r['seeds'])}"]
-               for name, r in report["results"].items() if "critics_second_half" in r]
-    if critics:
-        tables.append(("critics, second half of training (mean ± std over seeds)",
-                       ["run", "explained variance", "EV first token", "sign agreement with MC advantage",
-                        "seeds ending below their start"], critics))
-    selection = [[name, *(num(r["selection"][key], 0) for key in SELECTION_COUNTERS),
-                  *(num(r["selection"][key]) for key in SELECTION_MEANS)]
-                 for name, r in report["results"].items() if "selection" in r]
-    if selection:
-        tables.append(("prompt selection (means over seeds: counters at the end, shares over training)",
-                       ["run", "candidates scored", "prompts skipped", "prefill tokens", "zero-signal (probe's picks)",
-                        "zero-signal (random floor)", "p(1-p) pool", "p(1-p) rolled out"], selection))
+    differences = [[pair, str(d["seeds"]), *interval_cells(d["final"]), *interval_cells(d["area"]),
+                    d["noise"]] for pair, d in report.get("differences", {}).items()]
+    if differences:
+        header = ["pair", "seeds", "final diff", "final", "area diff", "area", "interval redraws"]
+        tables.append(("paired differences of held-out accuracy (95% bootstrap interval; area: mean over "
+                       "the budget)", header, differences))
+    for table in compare_tables():
+        rows = [[name, *((pm if table.spread else num)(r[table.key][key], *(() if how != "last" else (0,)))
+                        for key, (_, how) in table.columns.items()),
+                 *([f"{r['seeds_below_start']}/{len(r['seeds'])}"] if table.seeds_below_start else [])]
+                for name, r in report["results"].items() if table.key in r]
+        if rows:
+            header = ["run", *(column for column, _ in table.columns.values())]
+            header += ["seeds ending below their start"] if table.seeds_below_start else []
+            tables.append((table.title, header, rows))
     return tables
+
+
+def interval_cells(difference: dict) -> list[str]:
+    """'+0.012 [-0.020, +0.045]' and whether its interval excludes 0 ('resolved') or holds it."""
+    low_high = difference["ci95"]
+    return [f"{difference['diff']:+.3f} [{low_high[0]:+.3f}, {low_high[1]:+.3f}]",
+            "resolved" if difference["resolved"] else "not resolved"]

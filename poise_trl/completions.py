@@ -1,18 +1,10 @@
 """The completion table of a training run (`log_completions: true`): one row per completion generated for
-training, with the step that generated it, its prompt and completion, its reward (the weighted sum over the
-reward functions that the advantage is computed from; null where no function scored it), its advantage (for
-per-token advantages, their mean over the completion's tokens), its task when the rows carry a `task` column,
-and any column the algorithm adds (POISE: `baseline`, so that advantage = reward - baseline).
+training (step, prompt, completion, reward, advantage, task, and the algorithm's own columns such as
+POISE's `baseline`).
 
-Two places get it:
-- the tracker, through TRL's own table: `GRPOTrainer.log` sends the latest generation round of `self._logs`
-  (extra columns included) to wandb/trackio as `completions`; `into_trl_table` puts the trainer's own
-  advantages and the extra columns there;
-- `<output_dir>/completions.jsonl`, appended at every log with every round since the last one (TRL's table
-  keeps only the latest round). A resumed run first drops the lines of steps after its checkpoint
-  (`truncate_after`): it generates those steps again.
-
-Where process rewards are added on top of an algorithm (`*_process`), the advantage is the outcome one.
+It goes to the tracker through TRL's own table (`into_trl_table`) and to `<output_dir>/completions.jsonl`,
+appended at every log; a resumed run first drops the lines after its checkpoint (`truncate_after`).
+Details: docs/training.md ("The completion table").
 """
 
 from __future__ import annotations

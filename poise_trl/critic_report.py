@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import TrainerCallback
+from poise_trl.provenance import write_json
+from poise_trl.trainers.base import RunCallback
 
 SERIES = ("explained_variance", "explained_variance_prior", "explained_variance_first_token",
           "explained_variance_prior_first_token", "mc_sign_agreement", "advantage_raw_std", "adv_masked_fraction",
@@ -52,6 +53,7 @@ def critic_report(history: list[dict]) -> dict:
 
 
 def plot_critic_report(report: dict, history: list[dict], path: str | Path) -> None:
+    # matplotlib only where a figure is drawn (it takes a second to import); Agg before pyplot loads
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,21 +85,15 @@ def plot_critic_report(report: dict, history: list[dict], path: str | Path) -> N
     plt.close(fig)
 
 
-class CriticReportCallback(TrainerCallback):
+class CriticReportCallback(RunCallback):
     """At the end of training: `critic_report.json` and `critic_values.png` in `output_dir`.
 
     The history covers the rounds this process ran: a resumed run reports from its resume.
     """
 
-    def __init__(self, trainer, output_dir: str):
-        self.trainer = trainer
-        self.output_dir = output_dir
-
     def on_train_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero or not self.trainer.critic_history:
             return
-        from poise_trl.provenance import write_json
-
         history = self.trainer.critic_history
         report = critic_report(history)
         report["critic_config"] = {k: v for k, v in args.to_dict().items() if k.startswith(("critic", "num_critics"))}

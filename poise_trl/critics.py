@@ -1,29 +1,12 @@
-"""Value models for AsyPPO's mini-critics (seed 001) and for PPO / VAPO's critic (seed 003).
+"""Value models for AsyPPO's mini-critics (arXiv 2510.01656) and PPO / VAPO's critic (arXiv 2504.05118).
 
-A critic is a causal-LM backbone with a scalar per-token head:
-`AutoModelForTokenClassification(num_labels=1)` loaded from `critic_model`, either a
-causal LM (the head is added, initialised from a per-critic seed) or a saved critic (a
-`*ForTokenClassification` checkpoint such as `data/tiny-critic` or a checkpoint's
-`critics/critic_0`: loaded as is, so a value-pretrained critic can be reused, seed 003
-"Value-Pretraining", "保存价值检查点").
-
-The critics are extra learners (../shared/docs/trl-notes.md, "Extra learners"): each has
-its own AdamW, stepped here, never through `accelerator.prepare` or accelerate's gradient
-accumulation.
-
-Several processes: every rank holds all M critics and the same starting weights. Each rank
-backpropagates the value loss of its OWN rows only; the gradients (and token counts) are
-then summed over ranks with `torch.distributed.all_reduce` before every optimizer step, so
-each step applies the gradient of the token-mean loss over the whole global mini-batch and
-all ranks step identically (same gradient, same clipping, same AdamW state). No rank
-redoes another rank's forward passes, which matters with 0.6B+ critics and long
-completions.
-
-Checkpoint format (no pickle): `critics/critic_<m>/` holds the critic as a standard
-`save_pretrained` folder (model.safetensors + config.json) plus `optimizer.safetensors`
-(AdamW's per-parameter tensors, keys `state.<param index>.<name>`); `critics/state.json`
-holds the optimizer hyperparameters (param_groups) and the update counter, and
-`critics/rng.safetensors` the mini-batch shuffling generator.
+A critic is `AutoModelForTokenClassification(num_labels=1)` from `critic_model` (a causal LM gets a new
+head; a saved critic such as `data/tiny-critic` is loaded as is). Critics are extra learners with their
+own AdamW, never passed through `accelerator.prepare` (docs/trl.md, "Extra learners"). On several
+processes every rank holds all critics; each backpropagates its own rows and the gradients are summed
+over ranks before every step, so the replicas stay identical. Checkpoints: `critics/critic_<m>/`
+(`save_pretrained` + `optimizer.safetensors`), `critics/state.json`, `critics/rng.safetensors`; no
+pickle. More: docs/algorithms.md ("Critics").
 """
 
 from __future__ import annotations
@@ -79,7 +62,7 @@ def token_values(critic: PreTrainedModel, input_ids: torch.Tensor, attention_mas
                  logits_to_keep: int) -> torch.Tensor:
     """V(s_t) for every completion token, (B, T) float32.
 
-    State s_t is the prompt plus the completion before token t (seed 003, token-level MDP),
+    State s_t is the prompt plus the completion before token t (VAPO paper, token-level MDP),
     so V(s_t) is read at the position whose logits predict token t: the one before it, as
     TRL reads the policy's logits. Position ids count real tokens only, so a row's values do
     not depend on how much left padding its batch happens to need.
@@ -90,7 +73,7 @@ def token_values(critic: PreTrainedModel, input_ids: torch.Tensor, attention_mas
 
 
 class CriticEnsemble:
-    """M critics, each with its own AdamW, trained on disjoint rows (seed 001, L_critic)."""
+    """M critics, each with its own AdamW, trained on disjoint rows (AsyPPO paper, L_critic)."""
 
     def __init__(self, model_path: str, num_critics: int, *, learning_rate: float, weight_decay: float = 0.0,
                  max_grad_norm: float = 1.0, epochs: int = 1, mini_batch_size: int = 8,
@@ -148,7 +131,7 @@ class CriticEnsemble:
 
     def update(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                targets: torch.Tensor, mask: torch.Tensor, assignment: torch.Tensor) -> dict[str, float]:
-        """Fit critic m to `targets` on the rows with `assignment == m` (seed 001, L_critic).
+        """Fit critic m to `targets` on the rows with `assignment == m` (AsyPPO paper, L_critic).
 
         Loss per optimizer step: the squared error summed over the valid tokens of a
         mini-batch, divided by that mini-batch's valid-token count over all processes.
@@ -237,74 +220,3 @@ class CriticEnsemble:
             optimizer.load_state_dict({"state": entries, "param_groups": info["param_groups"][m]})
         self.generator.set_state(load_file(directory / RNG_FILE)["generator"])
         self.updates = info["updates"]
-
-
-def build_tiny_critic(output_dir: str | Path, actor_dir: str | Path | None = None, num_layers: int = 2,
-                      hidden_size: int = 64, seed: int = 0) -> dict:
-    """A small Qwen3 value model for the toy world, saved to `output_dir` (safetensors).
-
-    With `actor_dir` (the tiny actor, data/tiny-qwen3): the actor's tokenizer, its token
-    embeddings, its first `num_layers` decoder blocks and its final norm; the hidden size is
-    the actor's. The critic thus starts from the actor's pretrained features, the premise of
-    seed 001 ("Asymmetric PPO is possible due to the initial representational ability of
-    the model"), at a fraction of its depth. Without `actor_dir`: the toy tokenizer of
-    poise_trl/toy.py and random weights of `hidden_size`. The scalar head is drawn from
-    `seed` in both cases. Returns a card (also written to build_info.json).
-    """
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForTokenClassification
-
-    from poise_trl.toy import build_tokenizer
-
-    output_dir = Path(output_dir)
-    torch.manual_seed(seed)
-    if actor_dir is not None:
-        tokenizer = AutoTokenizer.from_pretrained(actor_dir)
-        actor_config = AutoConfig.from_pretrained(actor_dir)
-        if num_layers > actor_config.num_hidden_layers:
-            raise ValueError(f"num_layers={num_layers} exceeds the actor's {actor_config.num_hidden_layers} layers")
-        settings = {k: v for k, v in actor_config.to_dict().items() if k != "layer_types"}
-        config = Qwen3Config(**{**settings, "num_hidden_layers": num_layers})
-    else:
-        tokenizer = build_tokenizer()
-        config = Qwen3Config(
-            vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
-            max_position_embeddings=1024, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    config.num_labels = 1
-    config.classifier_dropout = 0.0
-    config.tie_word_embeddings = False
-    critic = Qwen3ForTokenClassification(config)
-    if actor_dir is not None:
-        from transformers import AutoModelForCausalLM
-
-        actor = AutoModelForCausalLM.from_pretrained(actor_dir, dtype=torch.float32)
-        # strict: every backbone tensor of the critic must come from the actor
-        kept = {k: v for k, v in actor.model.state_dict().items()
-                if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers}
-        critic.model.load_state_dict(kept, strict=True)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        critic.score.weight.copy_(torch.randn(critic.score.weight.shape, generator=generator) * config.initializer_range)
-        critic.score.bias.zero_()
-    critic.save_pretrained(output_dir, safe_serialization=True)
-    tokenizer.save_pretrained(output_dir)
-    card = {
-        "name": "tiny-critic",
-        "architecture": "Qwen3ForTokenClassification",
-        "parameters": sum(p.numel() for p in critic.parameters()),
-        "hidden_size": config.hidden_size,
-        "num_layers": num_layers,
-        "init": f"embeddings + first {num_layers} blocks + norm of {actor_dir}" if actor_dir else "random",
-        "seed": seed,
-    }
-    (output_dir / "build_info.json").write_text(json.dumps(card, indent=2) + "\n")
-    (output_dir / "README.md").write_text(
-        f"# tiny-critic\n\nA {card['parameters']:,}-parameter `Qwen3ForTokenClassification` value model "
-        f"(num_labels=1, {num_layers} layers, hidden size {config.hidden_size}) for AsyPPO / PPO / VAPO on the "
-        f"toy world. Init: {card['init']}; scalar head drawn from seed {seed}. Untrained as a critic: the "
-        "value head learns during RL.\n\nMade by `poise_trl.critics.build_tiny_critic` "
-        f"(settings: {json.dumps({'num_layers': num_layers, 'seed': seed, 'actor_dir': str(actor_dir)})}).\n"
-    )
-    return card

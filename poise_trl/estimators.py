@@ -1,13 +1,9 @@
 """Advantage, baseline, normalization and KL estimators: the math every trainer shares.
 
-Small pure functions on torch tensors. Conventions:
-- Sequence-level tensors are (B,). Consecutive runs of `group_size` rows share a prompt
-  (rows 0..G-1 are prompt 0, rows G..2G-1 prompt 1, ...).
-- Token-level tensors are (B, T), right-padded, with a (B, T) 0/1 `mask` (1 = real token).
-  Padding positions of inputs may hold anything (even inf/nan); outputs are 0 there.
-
-Seeds (in ../shared/seeds/): 000 POISE, 001 AsyPPO, 002 training-free process rewards,
-003 VAPO, 004 REINFORCE++. Equation numbers refer to those texts unless stated otherwise.
+Small pure functions on torch tensors. Sequence-level tensors are (B,), consecutive runs of `group_size`
+rows sharing a prompt; token-level tensors are (B, T), right-padded, with a 0/1 `mask`; outputs are 0 on
+padding. Papers are cited by short name (docs/references.md); each equation as implemented is in
+docs/algorithms.md.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(values - mean) / (std + eps) with mean and std over the valid positions only.
 
-    The form (x - mean) / (std + eps) is seed 004, Eq. (5) and Eq. (7). The std is the
+    The form (x - mean) / (std + eps) is that of the REINFORCE++ paper's Eqs. (5) and (7). The std is the
     Bessel-corrected (unbiased) one, as torch.std and TRL's GRPO statistics use, so at
     least two valid positions are required. Padding positions come back as 0.
     """
@@ -85,16 +81,16 @@ def _sibling_mean(values: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def group_mean_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """A_i = r_i - mean_group(r): GRPO without std scaling (Dr. GRPO); seed 004, Eq. (6)."""
+    """A_i = r_i - mean_group(r): GRPO without std scaling (Dr. GRPO); REINFORCE++ paper, Eq. (6)."""
     grouped = _grouped(rewards, group_size)
     return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
 
 
 def group_normalized_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
-    """GRPO: A_i = (r_i - mean_group) / (std_group + eps); seed 004, Eq. (3).
+    """GRPO: A_i = (r_i - mean_group) / (std_group + eps); REINFORCE++ paper, Eq. (3).
 
     std is the unbiased torch.std, as TRL's GRPOTrainer uses, and eps=1e-4 is TRL's value.
-    A group whose rewards are all equal gets A = 0 (0 / eps): seed 004 Sec. 2.2 item 2
+    A group whose rewards are all equal gets A = 0 (0 / eps): the REINFORCE++ paper, Sec. 2.2 item 2,
     describes how near-equal rewards make this estimator blow up.
     """
     grouped = _grouped(rewards, group_size, min_group_size=2)
@@ -105,7 +101,7 @@ def group_normalized_advantages(rewards: torch.Tensor, group_size: int, eps: flo
 def leave_one_out_targets(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Mean reward of each row's siblings: the POISE probe's training target.
 
-    seed 000, Sec. 3.1 ("Probe prediction objective"): the leave-one-out Monte-Carlo target
+    POISE paper, Sec. 3.1 ("Probe prediction objective"): the leave-one-out Monte-Carlo target
     excludes the row's own reward, so it stays independent of that row's features given the
     prompt and the probe learns V(prompt), not "is this answer right". For G=2, row i gets r_j.
     """
@@ -113,9 +109,9 @@ def leave_one_out_targets(rewards: torch.Tensor, group_size: int) -> torch.Tenso
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """RLOO: A_i = r_i - mean_{j != i} r_j; seed 004, Sec. 2.1 (RLOO bullet).
+    """RLOO: A_i = r_i - mean_{j != i} r_j; REINFORCE++ paper, Sec. 2.1 (RLOO bullet).
 
-    Also POISE's bootstrap estimator before the probe exists (poise-spec.md, "Bootstrap").
+    Also POISE's bootstrap estimator before the probe exists (docs/algorithms.md, "Bootstrap").
     """
     return rewards - _sibling_mean(rewards, group_size)
 
@@ -128,7 +124,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 def reinforce_pp_global_advantages(
     scores: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8
 ) -> torch.Tensor:
-    """REINFORCE++ Global Advantage Normalization; seed 004, Eq. (5).
+    """REINFORCE++ Global Advantage Normalization, Eq. (5).
 
     Centres and scales by the mean/std over the WHOLE batch: over the rows of a (B,)
     tensor, or over the valid tokens of a (B, T) tensor when `mask` is given (e.g. the
@@ -143,14 +139,14 @@ def reinforce_pp_global_advantages(
 def reinforce_pp_baseline_advantages(
     rewards: torch.Tensor, group_size: int, eps: float = 1e-8
 ) -> torch.Tensor:
-    """REINFORCE++ w/ Baseline; seed 004, Sec. 3.2, Eqs. (6)-(7).
+    """REINFORCE++ w/ Baseline, Sec. 3.2, Eqs. (6)-(7).
 
     Step 1, Eq. (6): A' = r - mean_group(r). Step 2, Eq. (7):
     A = (A' - mean_batch(A')) / (std_batch(A') + eps), i.e. the std is that of the
     group-centred A' (not of the raw rewards, which is what TRL's scale_rewards="batch"
     divides by) and the batch mean of A' is subtracted again. With whole groups that mean
     is 0 up to rounding, so Eq. (7) reduces to dividing by the global std of A'.
-    The statistics run over all B samples (seed 004, App. B.2 "Batch Construction").
+    The statistics run over all B samples (REINFORCE++ paper, App. B.2 "Batch Construction").
     Groups whose rewards are all equal get A' = 0 and so A = 0, while GRPO's local std is
     0 there; a batch in which no group has any spread gives A = 0 (up to rounding)
     everywhere, never inf or nan.
@@ -164,11 +160,11 @@ def reinforce_pp_baseline_advantages(
 
 
 def cross_rollout_baselines(predictions: torch.Tensor, group_size: int = 2) -> torch.Tensor:
-    """POISE baseline b_i from the OTHER rollout's probe prediction; seed 000, Sec. 3.2.
+    """POISE baseline b_i from the OTHER rollout's probe prediction; POISE paper, Sec. 3.2.
 
     For G=2: b_1 = g(z_2), b_2 = g(z_1) (a bit-exact swap within each pair). For G>2:
     the mean of the siblings' predictions. b_i depends only on rollouts sampled
-    independently of rollout i given the prompt, which is the condition of seed 000,
+    independently of rollout i given the prompt, which is the condition of the POISE paper,
     Sec. 2.2 / Eq. (6) for the baseline term to have zero expectation.
     """
     return _sibling_mean(predictions, group_size)
@@ -179,7 +175,7 @@ def cross_rollout_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """POISE advantages A = r - b with b = `cross_rollout_baselines`; returns (A, b).
 
-    seed 000, Sec. 3.2 ("Cross-rollout baseline and advantage"); poise-spec.md: no std
+    POISE paper, Sec. 3.2 ("Cross-rollout baseline and advantage"); docs/algorithms.md: no std
     division, so all-0 and all-1 groups still carry signal r - g(z_j). Returning b lets the
     caller log it and check the invariant A == r - b.
     """
@@ -194,7 +190,7 @@ def cross_rollout_advantages(
 def variance_reduction_ratio(rewards: torch.Tensor, baselines: torch.Tensor) -> float:
     """1 - Var(r - b) / Var(r): the share of reward variance the baseline removes.
 
-    seed 000, Sec. 4.2 ("Training dynamics of value estimator"): about 0.30 after the first
+    POISE paper, Sec. 4.2 ("Training dynamics of value estimator"): about 0.30 after the first
     phase. Negative when the baseline adds variance. Returns 0.0 when Var(r) == 0 (e.g. a
     batch where every answer is right), where the ratio is undefined: 0.0 reads as
     "no reduction" and keeps logged curves finite.
@@ -208,9 +204,9 @@ def variance_reduction_ratio(rewards: torch.Tensor, baselines: torch.Tensor) -> 
 
 
 # ---------------------------------------------------------------------------------------
-# KL estimators (seed 004, App. B.1)
+# KL estimators (REINFORCE++ paper, App. B.1)
 # ---------------------------------------------------------------------------------------
-# With delta = pi_ref(y) / pi_theta(y) and y sampled from pi_theta (seed 004, App. B.1):
+# With delta = pi_ref(y) / pi_theta(y) and y sampled from pi_theta (REINFORCE++ paper, App. B.1):
 #   k1 = -log delta,  k2 = 0.5 (log delta)^2,  k3 = delta - 1 - log delta.
 # REINFORCE++'s choices: k1 is folded into the reward for the k=1 variant (Eq. (4), see
 # `kl_penalized_token_rewards`); k2 is the separate loss term of REINFORCE++ w/ Baseline
@@ -219,7 +215,7 @@ def variance_reduction_ratio(rewards: torch.Tensor, baselines: torch.Tensor) -> 
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k1 = log(pi_theta / pi_ref) per token; seed 004, App. B.1.
+    """k1 = log(pi_theta / pi_ref) per token; REINFORCE++ paper, App. B.1.
 
     Unbiased for KL(pi_theta || pi_ref) under y ~ pi_theta; used inside the reward (Eq. (4)),
     never as a loss (its gradient does not depend on pi_ref).
@@ -228,7 +224,7 @@ def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k2 = 0.5 * (log(pi_theta / pi_ref))^2 per token; seed 004, App. B.1 and Eq. (8).
+    """k2 = 0.5 * (log(pi_theta / pi_ref))^2 per token; REINFORCE++ paper, App. B.1 and Eq. (8).
 
     As a loss, E_{y~pi_theta}[grad k2] = E[log(pi_theta/pi_ref) grad log pi_theta], the
     reverse-KL gradient: REINFORCE++ w/ Baseline's KL loss.
@@ -237,10 +233,10 @@ def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 = delta - 1 - log delta, delta = pi_ref / pi_theta, per token; seed 004, App. B.1.
+    """k3 = delta - 1 - log delta, delta = pi_ref / pi_theta, per token; REINFORCE++ paper, App. B.1.
 
     Non-negative and unbiased in value for KL(pi_theta || pi_ref), but as a loss its expected
-    gradient is that of the forward KL(pi_ref || pi_theta) (seed 004, "k3 Analysis"). This is
+    gradient is that of the forward KL(pi_ref || pi_theta) (REINFORCE++ paper, "k3 Analysis"). This is
     the estimator TRL's GRPOTrainer adds to the loss when beta > 0.
     """
     log_delta = ref_logp - logp
@@ -252,7 +248,7 @@ def kl_penalized_token_rewards(
 ) -> torch.Tensor:
     """Per-token rewards of REINFORCE++ (k=1): outcome on the last valid token, -kl_coef * k1 on every token.
 
-    seed 004, Eq. (4): A_t = r(o, q) - beta * sum_{i>=t} KL(i); `returns_to_go` of these
+    REINFORCE++ paper, Eq. (4): A_t = r(o, q) - beta * sum_{i>=t} KL(i); `returns_to_go` of these
     rewards (gamma=1) is exactly that A_t, to be normalized by Eq. (5). In Eq. (4) KL(i) is
     k1 of pi_theta_old against pi_ref, so pass `kl_k1(old_logp, ref_logp)`.
     `mask` must be right-padded: row i's last valid token is at index mask[i].sum() - 1.
@@ -275,7 +271,7 @@ def kl_penalized_token_rewards(
 def returns_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """G_t = sum_{k>=t, k valid} gamma^(k-t) r_k per row; 0 on padding.
 
-    seed 004, Eq. (4) (the sum over i >= t; gamma=1 there, Sec. 3.3) and seed 002,
+    REINFORCE++ paper, Eq. (4) (the sum over i >= t; gamma=1 there, Sec. 3.3) and the process-rewards post,
     "Pitfall 1, Fix option 2" (a token's advantage is all future reward from that point).
     """
     valid = mask.bool()
@@ -298,10 +294,10 @@ def gae_advantages(
     """Token-level GAE with ragged lengths; returns (advantages, returns = advantages + values).
 
     A_t = sum_{l=0}^{T-t-1} (gamma * lam)^l delta_{t+l},
-    delta_t = r_t + gamma * V(s_{t+1}) - V(s_t); seed 003 (GAE in the preliminaries) and
-    seed 001 (AsyPPO's A-bar with the mini-critics' mean value). The value after a row's
+    delta_t = r_t + gamma * V(s_{t+1}) - V(s_t); the VAPO paper (GAE in the preliminaries) and
+    the AsyPPO paper (its A-bar with the mini-critics' mean value). The value after a row's
     last valid token is 0 (the episode has ended), so padding never leaks in.
-    `lam` is a float or a (B,) tensor of per-sequence lambdas (seed 003, length-adaptive
+    `lam` is a float or a (B,) tensor of per-sequence lambdas (VAPO paper, length-adaptive
     GAE, see `length_adaptive_lambda`); VAPO's decoupled GAE calls this twice, with
     lam=1 for the critic's targets and lam_policy for the policy's advantages.
     """
@@ -331,7 +327,7 @@ def gae_advantages(
 def length_adaptive_lambda(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
     """VAPO's length-adaptive GAE lambda: lam = 1 - 1 / (alpha * l), clamped at 0.
 
-    seed 003, "Length-adaptive GAE" (管理训练过程中的异构序列长度): choose lam so that
+    VAPO, "Length-adaptive GAE": choose lam so that
     sum_t lam^t ~ 1/(1 - lam) = alpha * l; alpha = 0.05 in its training details. For
     l < 1/alpha (20 tokens at alpha=0.05) the formula goes negative (and to -inf at l=0); a
     negative lambda makes (gamma*lam)^l alternate in sign, which no longer weights TD errors
@@ -345,7 +341,7 @@ def length_adaptive_lambda(lengths: torch.Tensor, alpha: float = 0.05) -> torch.
 
 
 # ---------------------------------------------------------------------------------------
-# AsyPPO critic-disagreement masks (seed 001)
+# AsyPPO critic-disagreement masks
 # ---------------------------------------------------------------------------------------
 
 
@@ -374,7 +370,7 @@ def _disagreement_cut(
 def low_disagreement_mask(critic_std: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
     """True on exactly floor(fraction * n_valid) valid tokens: those of lowest critic std in the batch.
 
-    seed 001, "Advantage masking based on value agreement": I^A_t = 0 when sigma_t is in
+    AsyPPO paper, "Advantage masking based on value agreement": I^A_t = 0 when sigma_t is in
     Low_k(sigma) over the whole batch, i.e. multiply advantages by ~this_mask (the ablation's
     best fraction is 20%). Low_k is a rank selection: tokens tied at the cut are taken in
     token order (row-major over the (B, T) tensor) until k are selected, so bf16-quantised
@@ -386,7 +382,7 @@ def low_disagreement_mask(critic_std: torch.Tensor, mask: torch.Tensor, fraction
 def high_disagreement_mask(critic_std: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
     """True on exactly floor(fraction * n_valid) valid tokens: those of highest critic std in the batch.
 
-    seed 001, "Entropy filtering based on value divergence": I^H_t = 0 when sigma_t is in
+    AsyPPO paper, "Entropy filtering based on value divergence": I^H_t = 0 when sigma_t is in
     the top h% (the ablation's best is 20%), i.e. drop these tokens from the entropy bonus.
     Top_h is a rank selection with ties taken in token order, as in `low_disagreement_mask`.
     Padding is never selected.
@@ -395,7 +391,7 @@ def high_disagreement_mask(critic_std: torch.Tensor, mask: torch.Tensor, fractio
 
 
 def filtered_entropy_bonus(entropies: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """AsyPPO's entropy term per response, (B,): (1/|o|) sum_t I^H_t H_t; seed 001, Eq. J_PPO.
+    """AsyPPO's entropy term per response, (B,): (1/|o|) sum_t I^H_t H_t; AsyPPO paper, Eq. J_PPO.
 
     The term sits inside J_PPO's per-response mean (1/|o|) sum_{t=1}^{|o|}, so the
     normaliser is the response's full length |o| (every valid token), not the number of
@@ -418,8 +414,8 @@ def overlong_penalty(
 ) -> torch.Tensor:
     """DAPO soft overlong punishment, added to the outcome reward.
 
-    DAPO (Yu et al. 2025, arXiv:2503.14476), Eq. (13); DAPO is not among the seeds (seed 003
-    only borrows Clip-Higher and the token-level loss from it). With L_max = max_length and
+    DAPO (Yu et al. 2025, arXiv:2503.14476), Eq. (13); VAPO borrows Clip-Higher and the token-level
+    loss from DAPO. With L_max = max_length and
     L_cache = buffer_length:  0 if l <= L_max - L_cache;
     ((L_max - L_cache) - l) / L_cache * penalty if L_max - L_cache < l <= L_max;
     -penalty if l > L_max. `penalty` = 1 is the paper's; it scales the whole curve.
@@ -448,12 +444,12 @@ def dapo_keep_groups(correct: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# Critics: data division and fit (seeds 001, 003)
+# Critics: data division and fit (AsyPPO, VAPO)
 # ---------------------------------------------------------------------------------------
 
 
 def critic_group_assignment(batch_size: int, group_size: int, num_critics: int) -> torch.Tensor:
-    """Which critic trains on each row, (B,) long: seed 001, "Group-level non-overlap data division".
+    """Which critic trains on each row, (B,) long: AsyPPO paper, "Group-level non-overlap data division".
 
     The G responses of every prompt are split evenly and disjointly among the M critics:
     within each group, rows 0..G/M-1 go to critic 0, the next G/M to critic 1, and so on.
@@ -476,9 +472,9 @@ def critic_group_assignment(batch_size: int, group_size: int, num_critics: int) 
 
 
 def aggregate_critic_values(values: torch.Tensor, aggregation: str = "mean") -> torch.Tensor:
-    """V-bar from M critics' values (M, B, T): their mean (seed 001, A-bar) or their min.
+    """V-bar from M critics' values (M, B, T): their mean (AsyPPO paper, A-bar) or their min.
 
-    seed 001's ablation "价值聚合" finds the mean better than the min.
+    AsyPPO's value-aggregation ablation finds the mean better than the min.
     """
     if aggregation == "mean":
         return values.mean(0)
@@ -490,13 +486,13 @@ def aggregate_critic_values(values: torch.Tensor, aggregation: str = "mean") -> 
 def cross_fit_values(values: torch.Tensor, assignment: torch.Tensor, aggregation: str = "mean") -> torch.Tensor:
     """Each row's V-bar from the critics that did NOT train on it, (M, B, T) -> (B, T).
 
-    After the critics are fitted on a round (seed 001's order: update, then V-bar), critic
+    After the critics are fitted on a round (the AsyPPO paper's order: update, then V-bar), critic
     m has seen the returns of the rows with `assignment == m` (`critic_group_assignment`),
     so its value on those rows partly repeats their own outcome and would shrink their
     advantage. The other critics were fitted on the same prompts' OTHER responses: their value
     on row i carries what those siblings showed about the prompt, and does not depend on
     row i's own return, which keeps the baseline's term unbiased (the cross-rollout
-    argument of seed 000, Sec. 3.2, Eq. (6)). Needs M >= 2.
+    argument of the POISE paper, Sec. 3.2, Eq. (6)). Needs M >= 2.
     """
     num_critics = values.shape[0]
     if num_critics < 2:
@@ -514,7 +510,7 @@ def cross_fit_values(values: torch.Tensor, assignment: torch.Tensor, aggregation
 def explained_variance(values: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var(targets - values) / Var(targets) over the valid positions.
 
-    The value model's fit metric that seed 003 ("Value-Pretraining") trains until it is
+    The value model's fit metric that VAPO's value pretraining ("Value-Pretraining") trains until it is
     good enough, together with the value loss. 1 is a perfect fit, 0 is no better than
     predicting the mean, negative is worse. Population variances (the normalization cancels).
     nan when the targets do not vary (undefined; TRL's logger skips nan values).
@@ -542,7 +538,7 @@ def sign_agreement(advantages: torch.Tensor, reference: torch.Tensor, mask: torc
 
 
 # ---------------------------------------------------------------------------------------
-# Training-free process rewards (seed 002)
+# Training-free process rewards
 # ---------------------------------------------------------------------------------------
 
 
@@ -555,11 +551,11 @@ def process_reward_advantages(
 ) -> torch.Tensor:
     """Per-token advantages from process rewards placed at episode boundaries, (B, T).
 
-    seed 002, "Pitfall 2": process rewards (marginal utilities, ~+-0.03) are normalized
+    process-rewards post, "Pitfall 2": process rewards (marginal utilities, ~+-0.03) are normalized
     SEPARATELY from the outcome reward, here by the mean and the unbiased std over the
     positions where `process_mask` is 1, within each prompt group of `group_size` rows
     ("id2process[group_idx]") or over the whole batch when `group_size` is None.
-    seed 002, "Pitfall 1, Fix option 2": the advantage of a token is the return-to-go
+    process-rewards post, "Pitfall 1, Fix option 2": the advantage of a token is the return-to-go
     (gamma = 1) of the normalized process rewards, so a token is credited with every later
     episode's progress and the within-sequence structure survives.
     A group holding a single process reward gets 0 there (centred, nothing to scale by);

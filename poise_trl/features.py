@@ -1,24 +1,11 @@
-"""POISE probe features z_i, read from the policy's own forward pass (poise-spec "Features z").
+"""POISE probe features z_i, read from the policy's own forward pass (docs/algorithms.md, "Features z").
 
-One forward pass over prompt+completion yields, per rollout and per hooked decoder block:
-
-- a prompt vector: mean hidden state of the last `n_pool` real prompt tokens,
-- a response vector: mean hidden state of the last `n_pool` completion tokens ending at the
-  LAST `</think>` (inclusive), or of the last `n_pool` completion tokens if there is none,
-- three entropy scalars: mean token entropy over (completion, reasoning span, answer span).
-
-The same capture code serves the POISE trainer (hooks around TRL's own no-grad pass, see
-trl-notes "Forward passes you can reuse"), `poise probe-eval` (several layers in one pass)
-and the tests: `HiddenStateCapture` pools inside the hook, so only (B, d) float32 CPU tensors
-ever leave it (poise-spec: "never keep (B, S, d) activations around"). `GenerationCapture`
-reads the same features while `generate` samples the completions (prefill + one decode step
-per token, KV cache), so the trainer's transformers path needs no pass of its own.
-
-Layout conventions (TRL's, trl-notes "Control flow of one step"): prompts are LEFT-padded
-(`prompt_mask`), completions RIGHT-padded (`completion_mask`), and the model sees
-`cat([prompt_ids, completion_ids], 1)` with `cat([prompt_mask, completion_mask], 1)` as the
-attention mask. `completion_mask` must mark the real (non-pad) completion tokens; do not pass
-a loss mask that zeroes truncated completions, or their spans become empty.
+Per rollout and hooked decoder block: a prompt vector (mean of the last `n_pool` prompt tokens), a
+response vector (mean of the last `n_pool` completion tokens ending at the last `</think>`), and three
+mean token entropies (completion, reasoning span, answer span). `HiddenStateCapture` pools inside a
+hook around a forward pass, so only (B, d) float32 CPU tensors leave it; `GenerationCapture` reads the
+same features while `generate` samples. TRL's layout: prompts left-padded, completions right-padded;
+`completion_mask` must mark the real completion tokens (not a loss mask), or spans become empty.
 """
 
 from __future__ import annotations
@@ -39,7 +26,7 @@ ENTROPY_NAMES = ("entropy_completion", "entropy_reasoning", "entropy_answer")
 class RolloutFeatures:
     """Probe inputs for B rollouts: `prompt` (B, d), `response` (B, d), `entropy` (B, 3).
 
-    Always float32 on CPU (poise-spec: "Cast pooled vectors to float32 on CPU"); the entropy
+    Always float32 on CPU (docs/algorithms.md, "Features z"); the entropy
     columns are (completion, reasoning span, answer span), see `ENTROPY_NAMES`.
     """
 
@@ -97,7 +84,7 @@ def resolve_layer_index(num_layers: int, layer: int | float) -> int:
 
     A fraction f in (0, 1] selects the block whose OUTPUT sits at depth f: HF `hidden_states[k]`
     is the output of block k - 1 at depth k / L, and we take the smallest k with k / L >= f,
-    i.e. block ceil(f * L) - 1. Reference (poise-spec): 0.55 of 36 blocks -> ceil(19.8) - 1 = 19,
+    i.e. block ceil(f * L) - 1. Reference (docs/algorithms.md): 0.55 of 36 blocks -> ceil(19.8) - 1 = 19,
     `hidden_states[20]`; f = 1.0 -> the last block. f * L is rounded to 9 decimals first so that
     e.g. 0.5 * 36 is exactly 18 (block 17) despite float error.
     """
@@ -160,7 +147,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 # ---------------------------------------------------------------------------------------------
-# Spans (by token id, never by decoding: poise-spec "Locate spans by token ids")
+# Spans (by token id, never by decoding: docs/algorithms.md, "Features z")
 # ---------------------------------------------------------------------------------------------
 
 
@@ -186,7 +173,7 @@ def span_masks(
     With e = the last `</think>`: reasoning = valid tokens before e, answer = valid tokens after e;
     `</think>` itself belongs to the completion only. Without `</think>` (truncated mid-thought,
     or a model that does not think) the whole completion is reasoning and the answer span is
-    empty, so its entropy is 0 (poise-spec: "doubles as a truncation signal").
+    empty, so its entropy is 0 (it doubles as a truncation signal; docs/algorithms.md).
     """
     valid = completion_mask.bool()
     end = last_think_end(completion_ids, completion_mask, think_end_id)[:, None]
@@ -243,7 +230,7 @@ def pooling_positions(
     think_end_id: int,
     n_pool: int = 10,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where to pool in the concatenated (B, P + T) sequence, per poise-spec "Features z".
+    """Where to pool in the concatenated (B, P + T) sequence, per docs/algorithms.md, "Features z".
 
     Returns (prompt_index, prompt_valid, response_index, response_valid), each (B, <=n_pool):
     prompt = last n real prompt tokens (fewer if the prompt is shorter); response = last n valid
@@ -311,7 +298,7 @@ class HiddenStateCapture(ForwardHooks):
     its chunk (cursor per layer), so the caller may forward the batch whole or in chunks.
     Hooks only record inside `capturing()` (`active`): they also fire during `generate()`, the
     PEFT adapter-disabled reference pass and gradient-checkpoint recomputation, which must be
-    ignored (trl-notes "Forward passes you can reuse"). Every hook is removed on exit, also
+    ignored (docs/trl.md, "One step of GRPOTrainer"). Every hook is removed on exit, also
     after an exception.
     """
 
@@ -574,7 +561,7 @@ class GenerationCapture(ForwardHooks):
     last `n_pool` states. Step j's logits are those completion token j was sampled from; their entropy
     at `temperature` is what TRL's fused head computes over the finished sequence (computed a few dozen
     steps at a time at a small vocabulary, `PENDING_LOGITS_ELEMENTS`). Only (B, n_pool + 1, d) states and
-    (B, T) entropies are kept (poise-spec: no (B, S, d) activations).
+    (B, T) entropies are kept (docs/algorithms.md: no (B, S, d) activations).
 
     generate never feeds back the last token it samples, so `finish` runs one closing decode step for it:
     the rows still generating (a finished row fed its EOS already), one token each, on generate's KV

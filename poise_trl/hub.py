@@ -126,21 +126,3 @@ def push_bench_results(repo_id: str, eval_results: list, model_name: str, update
             "they are in the output folder's summary.json. Retry with --push-to-hub where the Hub is "
             "reachable and you are logged in (the samples are kept, nothing is regenerated)."
         ) from None
-
-
-def hub_unreachable(timeout: float = 1.0) -> str | None:
-    """Why the Hub cannot be reached from here, or None. One TCP connect of at most `timeout`
-    seconds, instead of the 25-55 s of retries `datasets` spends before failing offline."""
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
-    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-    except OSError as exc:
-        return f"{host} is unreachable: {exc.strerror or exc.__class__.__name__}"
-    return None

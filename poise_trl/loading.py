@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlparse
 
-from poise_trl.recipe import RecipeError
+from huggingface_hub import constants
+
+
+class RecipeError(ValueError):
+    """A recipe, an override or a model path the user must fix; the message says how."""
 
 # Recipes name the bundled assets (poise_trl/data/, shipped as package data) as `data/...`.
 PACKAGE_ROOT = Path(__file__).resolve().parent
@@ -23,13 +29,24 @@ def resolve_model_path(model: str) -> str:
     return model
 
 
+def hub_unreachable(timeout: float = 1.0) -> str | None:
+    """Why the Hub cannot be reached from here, or None. One TCP connect of at most `timeout`
+    seconds, instead of the 25-55 s of retries `datasets` spends before failing offline."""
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError as exc:
+        return f"{host} is unreachable: {exc.strerror or exc.__class__.__name__}"
+    return None
+
+
 def load_tokenizer(model: str):
     from transformers import AutoTokenizer
 
     check_model_files(model)
     if not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
-        from poise_trl.hub import hub_unreachable
-
         if reason := hub_unreachable():
             raise RecipeError(f"model {model!r} is not a local folder and the Hugging Face Hub is unreachable here "
                               f"({reason}): give a local model folder, or set HF_HUB_OFFLINE=1 to use the hub cache")

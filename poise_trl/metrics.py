@@ -24,7 +24,7 @@ def rmse(pred: torch.Tensor, target: torch.Tensor) -> float:
 
 
 def brier_skill(pred: torch.Tensor, target: torch.Tensor) -> float:
-    """1 - MSE / Var(target) (population variance), as poise-spec's metric; NaN for a constant target.
+    """1 - MSE / Var(target) (population variance), as docs/algorithms.md's metric; NaN for a constant target.
 
     0 is the skill of predicting the evaluation set's own mean, so the train-mean constant scores <= 0.
     """
@@ -50,6 +50,24 @@ def auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
         return float("nan")
     diff = pos[:, None] - neg[None, :]
     return float((diff > 0).double().mean() + 0.5 * (diff == 0).double().mean())
+
+
+def calibration_error(prob: torch.Tensor, labels: torch.Tensor, bins: int = 10) -> float:
+    """Expected calibration error: |share right - mean probability| over `bins` equal-width bins, weighted
+    by their rows."""
+    prob, labels = prob.double(), labels.double()
+    which = (prob * bins).long().clamp(0, bins - 1)
+    gaps = [float((which == b).sum() * (labels[which == b].mean() - prob[which == b].mean()).abs())
+            for b in which.unique()]
+    return sum(gaps) / prob.numel()
+
+
+def correctness_metrics(pred: torch.Tensor, correct: torch.Tensor) -> dict[str, float]:
+    """A value prediction read as the probability that its rollout is right: AUROC against the binary
+    outcome, Brier score and expected calibration error (predictions clipped to [0, 1])."""
+    prob = pred.double().clamp(0, 1)
+    return {"auroc": auroc(pred, correct), "brier": float((prob - correct.double()).pow(2).mean()),
+            "ece": calibration_error(prob, correct), "share_right": float(correct.double().mean())}
 
 
 def pearson_ci95(r: float, n: int) -> list[float]:

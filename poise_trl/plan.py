@@ -1,30 +1,12 @@
-"""`poise plan`: per-GPU memory of a recipe from the model's config alone, before any weights
-are downloaded, and whether it fits.
+"""`poise plan`: per-GPU memory of a recipe from the model's config alone, before any weights are
+downloaded, and whether it fits.
 
-Every item is bytes per GPU for one training micro-batch (`per_device_train_batch_size` rows of
-prompt + `max_completion_length` tokens, the longest a padded batch gets):
-
-- weights, gradients and AdamW state, in the dtype they live in under the launch's sharding:
-  the plain Trainer and DDP keep TRL's load dtype (float32 unless `model_init_kwargs.dtype`)
-  and autocast to bf16; FSDP2 with mixed precision upcasts to fp32 master weights
-  (accelerate's `fsdp2_prepare_model`); DeepSpeed with bf16 holds bf16 weights and gradients
-  and fp32 master weights + Adam moments in the optimizer (ZeRO paper, Rajbhandari et al.
-  2020, Sec. 3.1: 2 + 2 + 12 bytes per parameter). ZeRO-1/2/3 and FSDP2 divide what they
-  shard by the number of GPUs.
-- activations: the tensors autograd saves in one decoder block (counted from the ops of a
-  Qwen2/Qwen3/Llama block, `layer_activation_bytes`), times the number of blocks; with
-  gradient checkpointing only each block's input, plus one block recomputed in backward.
-- the LM head: TRL's fused head never materializes the (tokens, vocab) logits; it keeps one
-  4096 x 32768 tile, per-token statistics, and in backward an fp32 gradient of the hidden
-  states and of the head's weight (trl.kernels.chunked_logprob).
-- vLLM colocate reserves `vllm_gpu_memory_utilization` of the card; a KL reference model
-  (`beta > 0`, full fine-tuning) is a second copy of the weights; AsyPPO / PPO / VAPO critics
-  are replicated on every GPU (poise_trl.critics) with their own AdamW and activations at
-  `critic_micro_batch_size` rows.
-
-The total adds every item, which overestimates the true peak a little: gradients grow while
-the activations are freed during backward. `tests/test_plan.py` checks the estimate against
-the peak of live tensor bytes of real training steps on the CPU.
+Every item is bytes per GPU for one training micro-batch: weights, gradients and AdamW state in the dtype
+and sharding of the launch (DDP, FSDP2, ZeRO-1/2/3), activations of every decoder block (only block inputs
+with gradient checkpointing), TRL's fused LM head, vLLM's colocate share, a KL reference copy and the
+algorithm's own items (`Algorithm.memory_items` through a `PlanView`). The total slightly overestimates the
+peak; `tests/test_plan.py` checks it against real training steps on the CPU. Each item's rule:
+docs/multi-gpu.md ("What the plan counts").
 """
 
 from __future__ import annotations
@@ -34,14 +16,17 @@ import functools
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import yaml
+from huggingface_hub import hf_hub_download
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from poise_trl.build import ParsedRecipe, parse_recipe
 from poise_trl.loading import BUNDLED_DATA, resolve_model_path
-from poise_trl.recipe import RecipeError
+from poise_trl.recipe import RecipeError, RunPlan
 
 GIB = 2**30
 REPO_ROOT = Path(__file__).resolve().parents[1]  # a source checkout: recipes/accelerate/*.yaml
@@ -144,8 +129,6 @@ def load_model_config(model: str) -> dict:
         if (folder / "config.json").is_file():
             return json.loads((folder / "config.json").read_text())
     try:
-        from huggingface_hub import hf_hub_download
-
         return json.loads(Path(hf_hub_download(model, "config.json")).read_text())
     except Exception as exc:  # offline, unknown repo, gated: all end in the same advice
         raise RecipeError(
@@ -178,9 +161,6 @@ class ModelShape:
 
     @classmethod
     def _from_config(cls, config: dict) -> ModelShape:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
         model_type = config.get("model_type")
         try:
             hf_config = AutoConfig.for_model(**config)
@@ -221,6 +201,12 @@ def _shape_from_json(text: str) -> ModelShape:
     return ModelShape._from_config(json.loads(text))
 
 
+@functools.lru_cache(maxsize=16)
+def _model_shape(model: str) -> ModelShape:
+    """An algorithm's extra model (a critic), read once: `suggest` builds dozens of plans."""
+    return ModelShape.from_config(load_model_config(model))
+
+
 def layer_activation_bytes(shape: ModelShape, tokens: int, compute: int, residual: int) -> int:
     """Bytes autograd saves in one Qwen2/Qwen3/Llama decoder block for `tokens` tokens.
 
@@ -239,13 +225,18 @@ def layer_activation_bytes(shape: ModelShape, tokens: int, compute: int, residua
     return tokens * per_token
 
 
-def lm_head_bytes(shape: ModelShape, tokens: int, compute: int, residual: int) -> int:
+def lm_head_bytes(shape: ModelShape, tokens: int, compute: int, residual: int, device: str = "cuda",
+                  weight_grad: bool = True) -> int:
     """TRL's fused LM head (trl.kernels.chunked_logprob): the scored hidden states, one logits tile
     (allocated 4096 x 32768 whatever the vocabulary), 7 fp32 running statistics and 2 outputs per
-    token; in backward fp32 grads of hidden and weight."""
+    token; in backward an fp32 grad of the hidden states and, with `weight_grad`, of the weight (unless
+    it becomes the parameter's own .grad, counted with the gradients). Without Triton (the CPU)
+    `_backward_tile` runs torch ops on the whole tile: 8 fp32 temporaries of its used width, a bool mask."""
     tile = min(tokens, LM_HEAD_TOKEN_TILE) * LM_HEAD_VOCAB_TILE * compute
     forward = tokens * shape.hidden_size * residual + tile + 9 * 4 * tokens
-    backward = tokens * shape.hidden_size * 4 + shape.lm_head_parameters * 4
+    backward = tokens * shape.hidden_size * 4 + (shape.lm_head_parameters * 4 if weight_grad else 0)
+    if device == "cpu":
+        backward += min(tokens, LM_HEAD_TOKEN_TILE) * min(shape.vocab_size, LM_HEAD_VOCAB_TILE) * (8 * 4 + 1)
     return forward + backward
 
 
@@ -300,20 +291,40 @@ class PlanInputs:
     vllm_gpu_memory_utilization: float
     beta: float
     peft_rank: int | None
-    critic_model: str | None = None
-    num_critics: int = 0
-    critic_rows: int = 0
-    critic_dtype: str = "float32"
+    # the algorithm's own items (`Algorithm.memory_items` bound to the recipe's values), given a PlanView
+    algorithm_items: Callable[[PlanView], list[tuple[str, int, str]]] | None = None
 
 
-def plan_inputs(parsed: ParsedRecipe, prompt_length: int = DEFAULT_PROMPT_LENGTH,
+@dataclass(frozen=True)
+class PlanView:
+    """What an algorithm's memory items see of the plan being built (`Algorithm.memory_items`)."""
+
+    inputs: PlanInputs
+    sequence: int  # prompt + completion tokens of one row
+    autocast: bool  # bf16/fp16 autocast on the GPU
+
+    def model_shape(self, model: str) -> ModelShape:
+        return _model_shape(model)
+
+    def dtype_bytes(self, dtype: str) -> int:
+        return DTYPE_BYTES[dtype]
+
+    def activation_bytes(self, shape: ModelShape, tokens: int, compute: int, residual: int) -> int:
+        """Saved activations of a whole model's forward over `tokens` (checkpointed: block inputs + one
+        block)."""
+        layer = layer_activation_bytes(shape, tokens, compute, residual)
+        if self.inputs.gradient_checkpointing:
+            return shape.num_layers * tokens * shape.hidden_size * residual + layer
+        return shape.num_layers * layer
+
+
+def plan_inputs(plan: RunPlan, prompt_length: int = DEFAULT_PROMPT_LENGTH,
                 completion_length: int | None = None) -> PlanInputs:
     """What the recipe asks for (not what this machine would run: a CPU machine plans a GPU launch)."""
-    settings, value = parsed.settings, parsed.requested
+    settings, value = plan.settings, plan.requested
     load_dtype = (value("model_init_kwargs") or {}).get("dtype", "float32")  # TRL's create_model_from_path default
-    critics = value("num_critics") is not None
     rows = int(value("per_device_train_batch_size"))
-    critic_rows = int(value("critic_micro_batch_size") or value("critic_mini_batch_size") or rows) if critics else 0
+    memory_items = plan.algorithm.memory_items
     return PlanInputs(
         model=settings.model, rows=rows, prompt_length=prompt_length,
         completion_length=int(completion_length or value("max_completion_length")),
@@ -321,9 +332,7 @@ def plan_inputs(parsed: ParsedRecipe, prompt_length: int = DEFAULT_PROMPT_LENGTH
         load_dtype=str(load_dtype), use_vllm=bool(value("use_vllm")), vllm_mode=str(value("vllm_mode")),
         vllm_gpu_memory_utilization=float(value("vllm_gpu_memory_utilization") or 0.0),
         beta=float(value("beta") or 0.0), peft_rank=int(settings.peft.get("r", 8)) if settings.peft else None,
-        critic_model=(value("critic_model") or settings.model) if critics else None,
-        num_critics=int(value("num_critics") or 0) if critics else 0, critic_rows=critic_rows,
-        critic_dtype=str(value("critic_dtype") or "float32"),
+        algorithm_items=functools.partial(memory_items, value) if memory_items else None,
     )
 
 
@@ -332,7 +341,7 @@ def _dtype_bytes(name: str, shape: ModelShape) -> int:
 
 
 def build_plan(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: int, sharding: Sharding,
-               device: str = "cuda", critic_shape: ModelShape | None = None) -> MemoryPlan:
+               device: str = "cuda") -> MemoryPlan:
     """Per-GPU bytes of every item; `device="cpu"` plans the CPU run (no CUDA runtime, no vLLM,
     no autocast) for the self-check."""
     P, n = shape.parameters, max(1, gpus)
@@ -398,24 +407,17 @@ def build_plan(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: i
         activations = shape.num_layers * layer
         act_note = f"{inputs.rows} rows x {sequence} tokens, {shape.num_layers} blocks"
     items.append(PlanItem("activations", int(activations), act_note))
-    items.append(PlanItem("LM head + loss", lm_head_bytes(shape, tokens, compute, residual),
-                          f"fused head, vocab {shape.vocab_size}: no full logits"))
+    # The head's fp32 weight gradient is the parameter's .grad where gradients are whole and fp32;
+    # LoRA freezes the head.
+    head_grad = not inputs.peft_rank and (grad_bytes != 4 or shard_grads)
+    head = lm_head_bytes(shape, tokens, compute, residual, device, head_grad)
+    items.append(PlanItem("LM head + loss", head, f"fused head, vocab {shape.vocab_size}: no full logits"))
     if inputs.beta and not inputs.peft_rank:
         ref = (P / n if shard_weights else P) * load
         items.append(PlanItem("reference model (beta > 0)", int(ref), f"{load} B per param"))
-    if inputs.num_critics and critic_shape is not None:
-        cb = DTYPE_BYTES[inputs.critic_dtype]
-        # a token-classification critic: the backbone plus a (hidden, 1) head instead of the LM head
-        backbone = critic_shape.parameters - (0 if critic_shape.tied_embeddings else critic_shape.lm_head_parameters)
-        static = inputs.num_critics * backbone * 4 * cb
-        items.append(PlanItem("critics: weights, grads, AdamW", int(static),
-                              f"{inputs.num_critics} x {backbone / 1e9:.2f}B x 4 x {cb} B, replicated"))
-        critic_tokens = inputs.critic_rows * sequence
-        c_compute = 2 if (autocast or cb == 2) else 4
-        c_layer = layer_activation_bytes(critic_shape, critic_tokens, c_compute, cb)
-        c_act = (critic_shape.num_layers * critic_tokens * critic_shape.hidden_size * cb + c_layer
-                 if inputs.gradient_checkpointing else critic_shape.num_layers * c_layer)
-        items.append(PlanItem("critic activations", int(c_act), f"{inputs.critic_rows} rows per critic forward"))
+    if inputs.algorithm_items is not None:
+        view = PlanView(inputs, sequence, autocast)
+        items += [PlanItem(name, int(size), note) for name, size, note in inputs.algorithm_items(view)]
     if device != "cpu":
         if inputs.use_vllm and inputs.vllm_mode == "colocate":
             items.append(PlanItem("vLLM (colocate)", int(inputs.vllm_gpu_memory_utilization * gpu_bytes),
@@ -425,7 +427,7 @@ def build_plan(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: i
 
 
 def suggest(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: int, sharding: Sharding,
-            critic_shape: ModelShape | None, limit: int = 3) -> list[str]:
+            limit: int = 3) -> list[str]:
     """Changes that make the plan fit, cheapest first: each launch or setting below with the
     largest micro-batch (halving `per_device_train_batch_size`) that fits."""
     zero3 = Sharding("zero3", sharding.mixed_precision)
@@ -444,8 +446,7 @@ def suggest(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: int,
         rows = inputs.rows
         while rows >= 1:
             trial = dataclasses.replace(new_inputs, rows=rows)
-            if build_plan(trial, shape, gpus=new_gpus, gpu_bytes=gpu_bytes, sharding=new_sharding,
-                          critic_shape=critic_shape).fits:
+            if build_plan(trial, shape, gpus=new_gpus, gpu_bytes=gpu_bytes, sharding=new_sharding).fits:
                 parts = [label] if label else []
                 if rows != inputs.rows:
                     parts.append(f"per_device_train_batch_size: {rows} (scale gradient_accumulation_steps and "
@@ -458,36 +459,30 @@ def suggest(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: int,
     return found
 
 
-def plan_recipe(recipe: dict | ParsedRecipe, *, gpus: int | None = None, gpu_bytes: int = parse_memory("80GB"),
+def plan_recipe(plan: RunPlan, *, gpus: int | None = None, gpu_bytes: int = parse_memory("80GB"),
                 sharding: Sharding | None = None, prompt_length: int = DEFAULT_PROMPT_LENGTH,
                 device: str = "cuda") -> MemoryPlan:
-    """The plan of a recipe; the model (and critic) configs are read, never their weights."""
-    parsed = recipe if isinstance(recipe, ParsedRecipe) else parse_recipe(recipe)
-    inputs = plan_inputs(parsed, prompt_length=prompt_length)
+    """The memory plan of a run plan; the model configs are read, never their weights."""
+    inputs = plan_inputs(plan, prompt_length=prompt_length)
     sharding = sharding or Sharding("single")
     gpus = gpus or sharding.num_processes or 1
     if gpus > 1 and sharding.kind == "single":
         sharding = dataclasses.replace(sharding, kind="ddp")
     shape = ModelShape.from_config(load_model_config(inputs.model))
-    critic_shape = ModelShape.from_config(load_model_config(inputs.critic_model)) if inputs.critic_model else None
-    plan = build_plan(inputs, shape, gpus=gpus, gpu_bytes=gpu_bytes, sharding=sharding, device=device,
-                      critic_shape=critic_shape)
-    if not plan.fits:
-        plan.suggestions = suggest(inputs, shape, gpus=gpus, gpu_bytes=gpu_bytes, sharding=sharding,
-                                   critic_shape=critic_shape)
-    return plan
+    memory = build_plan(inputs, shape, gpus=gpus, gpu_bytes=gpu_bytes, sharding=sharding, device=device)
+    if not memory.fits:
+        memory.suggestions = suggest(inputs, shape, gpus=gpus, gpu_bytes=gpu_bytes, sharding=sharding)
+    return memory
 
 
-def check_memory_plan(parsed: ParsedRecipe) -> MemoryPlan | None:
+def check_memory_plan(plan: RunPlan) -> MemoryPlan | None:
     """`poise train` on a GPU: plan this launch (GPU count and sharding from accelerate's environment,
     memory of GPU 0) and stop with one line when it cannot fit; `skip_memory_plan: true` skips it."""
-    import torch
-
-    if parsed.settings.skip_memory_plan or not torch.cuda.is_available():
+    if plan.settings.skip_memory_plan or not torch.cuda.is_available():
         return None
     sharding = sharding_from_environment()
-    plan = plan_recipe(parsed, gpus=sharding.num_processes, sharding=sharding,
-                       gpu_bytes=torch.cuda.get_device_properties(0).total_memory)
-    if not plan.fits:
-        raise RecipeError(f"poise plan: {plan.verdict()} (skip_memory_plan: true runs it anyway)")
-    return plan
+    memory = plan_recipe(plan, gpus=sharding.num_processes, sharding=sharding,
+                         gpu_bytes=torch.cuda.get_device_properties(0).total_memory)
+    if not memory.fits:
+        raise RecipeError(f"poise plan: {memory.verdict()} (skip_memory_plan: true runs it anyway)")
+    return memory

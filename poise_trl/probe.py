@@ -1,19 +1,10 @@
 """The POISE value probe g(z), its row buffer, the online estimator and its metrics.
 
-poise-spec "The probe": PCA on prompt vectors (32 dims) and separately on response vectors
-(64 dims), concatenated with the 3 entropy scalars, standardized, ridge regression (alpha=100,
-with intercept), prediction clipped to [0, 1]; refit from scratch on the whole buffer every
-step. The training target of row i is the mean reward of its siblings (seed 000, Sec. 3.1
-"Probe prediction objective"), computed by `poise_trl.estimators.leave_one_out_targets`.
-
-The PCA is either exact (`eigh` of the d x d scatter matrix: O(N d^2 + d^3), ~25 s at the
-reference 4096 rows x d=2560 on one CPU thread) or, by default, a warm-started randomized subspace
-iteration (Halko, Martinsson & Tropp 2011, Alg. 4.4 + Rayleigh-Ritz) costing O(N d l) with
-l = components + oversampling: the buffer changes by one batch per step, so the previous step's
-components start it next to the answer and one iteration keeps it there. Both are deterministic
-for given inputs and state (fixed seed, sign convention), run on the estimator's device (the
-policy's GPU, or the CPU), and leave a CPU float64 state saved as safetensors + JSON (never
-pickle), so a save/load round trip gives bit-identical predictions.
+PCA on prompt vectors (32 dims) and on response vectors (64), plus 3 entropies, standardized, ridge
+(alpha 100), clipped to [0, 1], refit every step on a FIFO buffer with leave-one-out targets. The PCA
+is exact (`eigh`) or, by default, a warm-started randomized subspace iteration (Halko, Martinsson &
+Tropp 2011). Both are deterministic and leave a CPU float64 state saved as safetensors + JSON, so a
+save/load round trip gives bit-identical predictions. Details: docs/algorithms.md ("The probe").
 """
 
 from __future__ import annotations
@@ -40,7 +31,7 @@ _F64 = torch.float64
 
 
 FIT_METHODS = ("fast", "exact")
-# "full": [prompt, response, entropy] (poise-spec); "prompt": the prompt vector alone, a value of the
+# "full": [prompt, response, entropy] (docs/algorithms.md); "prompt": the prompt vector alone, a value of the
 # prompt that can be read before any rollout exists (the prompt-only baseline, probe-guided selection).
 PROBE_INPUTS = ("full", "prompt")
 # At d <= 512 the exact eigh costs milliseconds: "fast" uses it there (the toy model, d=128, is
@@ -78,7 +69,7 @@ def _orient_and_trim(
 
 def _fit_pca(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact PCA of the rows of `x` in float64: (mean (d,), components (k', d), projections of the
-    centered rows (N, k')) with k' = min(k, rows, d) (poise-spec "PCA dims").
+    centered rows (N, k')) with k' = min(k, rows, d) (docs/algorithms.md, "The probe").
 
     Eigendecomposition of the (d, d) scatter matrix: one GEMM plus `eigh`, several times faster
     than an SVD of the (N, d) buffer at the reference size, but O(N d^2 + d^3).
@@ -137,8 +128,8 @@ class LinearValueProbe:
     `use_pca=False` regresses on the standardized raw [prompt, response, entropy] instead.
     Features with zero variance in the fit data are dropped (standardized to 0), and the
     intercept is not penalized (it is the target mean, since standardized features are centered).
-    `fit_method="fast"` warm-starts the PCA from this probe's previous fit (see the module
-    docstring); `device` is where the fit runs, the fitted state always lives on the CPU.
+    `fit_method="fast"` warm-starts the PCA from this probe's previous fit (docs/algorithms.md,
+    "The probe"); `device` is where the fit runs, the fitted state always lives on the CPU.
     `inputs="prompt"` regresses on the prompt vector alone (response and entropies ignored).
     """
 
@@ -309,7 +300,7 @@ class LinearValueProbe:
 class GroupBuffer:
     """FIFO of probe rows (features, targets, group ids); evicts WHOLE prompt groups, oldest first.
 
-    poise-spec "Buffer": capacity counted in rows (reference 4096). When the capacity is not a
+    docs/algorithms.md, "The probe": capacity counted in rows (reference 4096). When the capacity is not a
     multiple of the group size the buffer holds fewer rows rather than a partial group.
     """
 
@@ -389,12 +380,12 @@ FORMAT_VERSION = 1
 
 
 class ProbeEstimator:
-    """The online POISE value estimator: probe(s) + buffer(s) + counters (poise-spec "Order").
+    """The online POISE value estimator: probe(s) + buffer(s) + counters (docs/algorithms.md, "The probe").
 
     Per step: `predict` with the probe fitted at the end of the previous step, compute and
     freeze advantages, log `probe_metrics`, then `update` (append the batch, refit from scratch).
 
-    Bootstrap (poise-spec "Bootstrap"), once and globally: probes are first fit at the end of the
+    Bootstrap (docs/algorithms.md, "Bootstrap"), once and globally: probes are first fit at the end of the
     `bootstrap_steps`-th update (step 16 by default), so POISE starts at step 17; before that
     `predict` marks rows unavailable and the caller uses RLOO. With `per_domain=True` each domain
     key gets its own probe and buffer: at the end of the bootstrap step every domain with rows is
@@ -522,7 +513,7 @@ class ProbeEstimator:
         group_size: int,
         domains: Sequence[str] | None = None,
     ) -> dict[str, float]:
-        """Append the batch with leave-one-out targets and refit (poise-spec "Order", step 5)."""
+        """Append the batch with leave-one-out targets and refit (step 5 of the probe's order)."""
         from poise_trl.estimators import leave_one_out_targets  # imported here: features/probe stand alone
 
         targets = leave_one_out_targets(rewards.detach().to("cpu", torch.float32).flatten(), group_size)
@@ -697,7 +688,7 @@ def _versions() -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Online metrics (poise-spec "Metrics to log")
+# Online metrics (docs/algorithms.md, "Metrics")
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,31 +1,12 @@
-"""`poise probe-eval`: the preliminary experiment of seed 000 (Sec. 3.1, Figure 1) on your own model and data.
+"""`poise probe-eval`: the POISE paper's preliminary experiment (Sec. 3.1, Figure 1) on your own model.
 
-Can a cheap linear probe on the policy's internal states predict the expected verifiable reward of
-prompts it has never seen, and how does it compare with fine-tuning a separate value model?
-
-1. Sample n rollouts per prompt from the policy (vLLM when available, else batched transformers
-   generation), grade them with the toolkit's math reward, and cache token ids, rewards and probe
-   features on disk. The cache lives in `<output_dir>/cache/<key>/`, where the key hashes everything
-   the rollouts depend on (model files, data, n, temperature, top-p, max new tokens, seed), so a
-   changed setting samples afresh and an unchanged one never generates again. Features are stored per
-   decoder block, so sweeping new layers reuses the rollouts and runs one forward pass for all of them.
-2. Split by PROMPT (seeded) into train / held-out. The POISE probe (poise-spec "The probe") is fit on
-   the train prompts, one row per rollout, with leave-one-out targets (seed 000, Sec. 3.1).
-3. Every estimator predicts each held-out ROLLOUT, and the n predictions of a prompt are averaged
-   before comparing with the prompt's empirical Avg@n (seed 000: "against the empirical Avg@8
-   reward"). Averaging is our choice: the probe's input includes one rollout, so a single prediction
-   is a noisy estimate of V(prompt), and the mean over the prompt's n rollouts is the natural
-   prompt-level estimate. The held-out rewards are never seen by any estimator, only the rollouts'
-   features or text. The single-rollout quality (what POISE uses during training) is reported too,
-   as `rollout_level` metrics against the leave-one-out target.
-4. Baselines on the same split: the train-mean constant, a prompt-only probe, a probe without entropy
-   features, and a separate value model: an LM with a scalar head fine-tuned on (prompt, response) ->
-   reward with MSE (seed 000, Sec. 3.1 and App. D.1, in spirit: the appendix is not public).
-5. A layer sweep, `report.json`, and two plots.
-6. On rows with a `task` column (a task, or a task mix): the split is drawn per task, every estimator is
-   also scored on each task's held-out prompts (`by_task`), and a transfer table fits the probe on one
-   task's train rollouts and scores it on every task's held-out prompts (the paper's claim that the
-   probe generalizes across verifiable tasks), with a third plot.
+Can a linear probe on the policy's internal states predict the expected reward of unseen prompts,
+and how does it compare with a separately fine-tuned value model? Rollouts are sampled, graded and
+cached (the cache key hashes everything they depend on), split by prompt, and every estimator
+(probe, prompt-only probe, no-entropy probe, value model, train mean) is scored on held-out prompts
+against their empirical Avg@n, with a layer sweep, per-task scores and a transfer table on task
+mixes. The protocol step by step: docs/algorithms.md ("probe-eval: the paper's preliminary
+experiment").
 """
 
 from __future__ import annotations
@@ -60,21 +41,29 @@ from poise_trl.generation import (
     start_engine,
 )
 from poise_trl.loading import load_causal_lm
-from poise_trl.metrics import paired_bootstrap, value_metrics
+from poise_trl.metrics import auroc, correctness_metrics, paired_bootstrap, value_metrics
 from poise_trl.plots import plot_layer_sweep, plot_predictions, plot_transfer
 from poise_trl.probe import LinearValueProbe
 from poise_trl.progress import progress_bars
+from poise_trl.prompts import DATASETS, held_out_split
 from poise_trl.provenance import package_versions, write_json, write_text
-from poise_trl.tasks import is_task, mix_entry, resolve_dataset, score_rows
-from poise_trl.tasks.math_grader import answer_to_str, grade_batch
+from poise_trl.tasks import (
+    is_task,
+    load_prompt_dataset,
+    mix_entry,
+    resolve_dataset,
+    row_verifiers,
+    score_rows,
+)
+from poise_trl.tasks.math_grader import answer_to_str
 from poise_trl.value_model import load_value_model, predict_value_model, train_value_model
 
-# poise-spec: the reference run's max response; names `poise bench` knows use their budget (toy-arith: 96).
+# the POISE reference run's max response; names `poise bench` knows use their budget (toy-arith: 96).
 DEFAULT_MAX_NEW_TOKENS = 8192
 # Rows x tokens per feature forward pass: bounds the (rows, tokens, vocab) logits on long completions.
 FEATURE_TOKENS_PER_BATCH = 16384
 SWEEP_FRACTIONS = (0.25, 0.4, 0.55, 0.7, 0.85, 1.0)
-PROBE_VARIANTS = {  # which feature groups each probe sees (seed 000, Sec. 5 ablates these inputs)
+PROBE_VARIANTS = {  # which feature groups each probe sees (POISE paper, Sec. 5 ablates these inputs)
     "probe": ("prompt", "response", "entropy"),
     "probe_prompt_only": ("prompt",),
     "probe_no_entropy": ("prompt", "response"),
@@ -100,7 +89,7 @@ class ProbeEvalSettings:
     prompt_suffix: str | None = None
     system_prompt: str | None = None
     n_samples: int = 8
-    temperature: float = 1.0  # poise-spec: the reference run samples at temperature 1.0, top-p 1.0
+    temperature: float = 1.0  # the POISE reference run samples at temperature 1.0, top-p 1.0
     top_p: float = 1.0
     max_new_tokens: int | None = None
     seed: int = 0
@@ -268,15 +257,12 @@ def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, pr
     policy.sampled_with = engine.kind
     tokenizer = policy.tokenizer
     prompt_ids = tokenizer(render_prompts(tokenizer, prompts), add_special_tokens=False)["input_ids"]
-    tasks = dataset["task"] if "task" in dataset.column_names else None
+    task_rows = "task" in dataset.column_names  # a task or mix: each group records its task
+    tasks, verifiers = row_verifiers(dataset)
     groups = [{"prompt_index": i, "answer": answers[i], "prompt_ids": prompt_ids[i], "rollouts": []}
-              | ({"task": tasks[i]} if tasks else {}) for i in range(len(prompts))]
-    if tasks:  # each row's own verifier (poise_trl.tasks)
-        verifiers = dataset["verifier"]
-        rewards = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],
-                             [verifiers[s.prompt_index] for s in samples])
-    else:
-        rewards = [float(ok) for ok in grade_batch([(s.text, answers[s.prompt_index]) for s in samples])]
+              | ({"task": tasks[i]} if task_rows else {}) for i in range(len(prompts))]
+    rewards = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],
+                         [verifiers[s.prompt_index] for s in samples])
     for s, reward in zip(samples, rewards, strict=True):
         groups[s.prompt_index]["rollouts"].append({
             "reward": reward,
@@ -454,11 +440,12 @@ def evaluate_estimators(
     features: RolloutFeatures, rewards: torch.Tensor, value_predictions: torch.Tensor, train_prompts: list[int],
     heldout_prompts: list[int], n: int, probe_settings: dict,
 ) -> tuple[dict, dict[str, torch.Tensor], torch.Tensor]:
-    """Every estimator on the held-out prompts: (metrics, per-prompt predictions, empirical Avg@n).
+    """Every estimator on the held-out prompts: (metrics, per-rollout predictions, empirical Avg@n).
 
     Each estimator predicts every held-out rollout row. `prompt_level` compares the mean of a prompt's n
     predictions with its empirical Avg@n; `rollout_level` compares single-rollout predictions with the
-    leave-one-out target, i.e. the baseline quality POISE gets in training from one sibling's features.
+    leave-one-out target, i.e. the baseline quality POISE gets in training from one sibling's features;
+    `correctness` reads each rollout's prediction as the probability that it is right (`is_right`).
     """
     train_rows, heldout_rows = rollout_rows(train_prompts, n), rollout_rows(heldout_prompts, n)
     loo = leave_one_out_targets(rewards, n)
@@ -468,10 +455,32 @@ def evaluate_estimators(
                                      train_rows, heldout_rows)
     rows["value_model"] = value_predictions
     empirical = per_prompt_mean(rewards[heldout_rows], n)
-    prompts = {name: per_prompt_mean(pred, n) for name, pred in rows.items()}
-    metrics = {name: {"prompt_level": value_metrics(prompts[name], empirical),
-                      "rollout_level": value_metrics(rows[name], loo[heldout_rows])} for name in rows}
-    return metrics, prompts, empirical
+    metrics = {name: {"prompt_level": value_metrics(per_prompt_mean(rows[name], n), empirical),
+                      "rollout_level": value_metrics(rows[name], loo[heldout_rows]),
+                      "correctness": correctness_metrics(rows[name], is_right(rewards[heldout_rows]))}
+               for name in rows}
+    return metrics, rows, empirical
+
+
+def is_right(rewards: torch.Tensor) -> torch.Tensor:
+    """A rollout is right when its reward is above 1/2 (graders give 0/1, some tasks partial credit)."""
+    return rewards > 0.5
+
+
+def auroc_difference(pred_a: torch.Tensor, pred_b: torch.Tensor, rewards: torch.Tensor, n: int,
+                     n_boot: int = 1000, seed: int = 0) -> dict:
+    """Per-rollout AUROC of a minus b against correctness, with a 95% interval from redrawing prompts (a
+    prompt's n rollouts stay together: they share its difficulty)."""
+    right = is_right(rewards)
+    prompts = torch.randint(len(rewards) // n, (n_boot, len(rewards) // n),
+                            generator=torch.Generator().manual_seed(seed))
+    redraws = [rollout_rows(picks.tolist(), n) for picks in prompts]
+    diffs = torch.tensor([auroc(pred_a[rows], right[rows]) - auroc(pred_b[rows], right[rows])
+                          for rows in redraws], dtype=torch.float64)
+    diffs = diffs[diffs.isfinite()]  # a redraw with one class only has no AUROC
+    quantiles = torch.tensor([0.025, 0.975], dtype=torch.float64)
+    interval = diffs.quantile(quantiles).tolist() if diffs.numel() else []
+    return {"diff": auroc(pred_a, right) - auroc(pred_b, right), "ci95": interval}
 
 
 def task_sides(prompt_tasks: Sequence[str], train_prompts: list[int],
@@ -504,19 +513,22 @@ def evaluate_transfer(features: RolloutFeatures, rewards: torch.Tensor, sides: d
         table[source] = {}
         for target, (_, heldout) in sides.items():
             rows = rollout_rows(heldout, n)
-            table[source][target] = value_metrics(per_prompt_mean(probe.predict(features[rows]), n),
+            predictions = probe.predict(features[rows])
+            table[source][target] = value_metrics(per_prompt_mean(predictions, n),
                                                   per_prompt_mean(rewards[rows], n))
+            table[source][target]["correctness"] = correctness_metrics(predictions, is_right(rewards[rows]))
     return table
 
 
 def evaluate_by_task(
     features: RolloutFeatures, rewards: torch.Tensor, prompt_tasks: Sequence[str], train_prompts: list[int],
-    heldout_prompts: list[int], prompt_predictions: dict[str, torch.Tensor], empirical: torch.Tensor, n: int,
+    heldout_prompts: list[int], row_predictions: dict[str, torch.Tensor], empirical: torch.Tensor, n: int,
     settings: ProbeEvalSettings,
 ) -> tuple[dict, dict]:
-    """(by_task, transfer). Per task: the pooled estimators scored on the task's held-out prompts, with two
-    more that know the task: `task_mean` (its train mean) and `probe_task_only` (fit on its train prompts);
-    a task too small for that is reported with the reason instead. The transfer table covers the others."""
+    """(by_task, transfer). Per task: the pooled estimators scored on the task's held-out prompts and
+    rollouts, with two more that know the task: `task_mean` (its train mean) and `probe_task_only` (fit on
+    its train prompts), and the probe's AUROC minus the value model's; a task too small for that is
+    reported with the reason instead. The transfer table covers the others."""
     by_task, analysable = {}, {}
     for task, (train, heldout) in task_sides(prompt_tasks, train_prompts, heldout_prompts).items():
         record = {"train_prompts": len(train), "heldout_prompts": len(heldout),
@@ -527,12 +539,17 @@ def evaluate_by_task(
             record["skipped"] = reason
             continue
         analysable[task] = (train, heldout)
-        positions = torch.tensor([j for j, p in enumerate(heldout_prompts) if prompt_tasks[p] == task])
-        target = empirical[positions]
-        task_mean = torch.full((len(heldout),), float(rewards[rollout_rows(train, n)].mean()))
-        predictions = {name: pred[positions] for name, pred in prompt_predictions.items()} | {"task_mean": task_mean}
+        positions = [j for j, p in enumerate(heldout_prompts) if prompt_tasks[p] == task]
+        target, task_rewards = empirical[positions], rewards[rollout_rows(heldout, n)]
+        task_mean = torch.full((len(heldout) * n,), float(rewards[rollout_rows(train, n)].mean()))
+        rows = {name: pred[rollout_rows(positions, n)] for name, pred in row_predictions.items()} | {
+            "task_mean": task_mean}
         record["heldout_mean_avg_at_n"] = float(target.mean())
-        record["estimators"] = {name: value_metrics(pred, target) for name, pred in predictions.items()}
+        record["estimators"] = {name: value_metrics(per_prompt_mean(pred, n), target)
+                                | {"correctness": correctness_metrics(pred, is_right(task_rewards))}
+                                for name, pred in rows.items()}
+        record["probe_minus_value_model"] = {"auroc": auroc_difference(rows["probe"], rows["value_model"],
+                                                                       task_rewards, n, seed=settings.seed)}
     table = evaluate_transfer(features, rewards, analysable, n, settings)
     for task in analysable:
         by_task[task]["estimators"]["probe_task_only"] = table[task][task]
@@ -541,9 +558,11 @@ def evaluate_by_task(
         "tasks": tasks,
         "pearson": [[table[a][b]["pearson"] for b in tasks] for a in tasks],
         "mae": [[table[a][b]["mae"] for b in tasks] for a in tasks],
-        "protocol": (f"Row A, column B: the probe fit on task A's train rollouts alone (leave-one-out targets), "
-                     f"scored on task B's held-out prompts (mean of its {n} rollout predictions vs Avg@{n}); the "
-                     "diagonal is within-task. Tasks too small for their own probe are left out (by_task says why)."),
+        "auroc": [[table[a][b]["correctness"]["auroc"] for b in tasks] for a in tasks],
+        "protocol": (f"Row A, column B: the probe fit on task A's train rollouts alone (leave-one-out "
+                     f"targets), scored on task B's held-out prompts (mean of its {n} rollout predictions vs "
+                     f"Avg@{n}; AUROC: each rollout's prediction vs whether it is right); the diagonal is "
+                     "within-task. Tasks too small for their own probe are left out (by_task says why)."),
     }
     return by_task, transfer
 
@@ -598,8 +617,6 @@ def _quiet_datasets():
 
 def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> dict:
     """The whole experiment; writes `report.json` and the plots into `settings.output_dir`, returns the report."""
-    from poise_trl.prompts import DATASETS, held_out_split, load_prompt_dataset
-
     started = time.time()
     check_settings(settings)
     s = settings
@@ -653,15 +670,18 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
 
     pooled_probe = probe_settings(s, len(train_prompts), n)
     with one_cpu_thread():
-        estimators, prompt_predictions, empirical = evaluate_estimators(
+        estimators, row_predictions, empirical = evaluate_estimators(
             features[main_block], rewards, value_pred, train_prompts, heldout_prompts, n, pooled_probe)
+        prompt_predictions = {name: per_prompt_mean(pred, n) for name, pred in row_predictions.items()}
         sweep = [{"block": block, "depth": (block + 1) / num_layers, "metrics": evaluate_probe(
                       features[block], rewards, train_prompts, heldout_prompts, n, pooled_probe)}
                  for block in sweep_blocks]
         comparison = paired_bootstrap(prompt_predictions["probe"], prompt_predictions["value_model"], empirical,
                                       seed=s.seed)
+        comparison["auroc"] = auroc_difference(row_predictions["probe"], row_predictions["value_model"],
+                                               rewards[rollout_rows(heldout_prompts, n)], n, seed=s.seed)
         by_task, transfer = evaluate_by_task(
-            features[main_block], rewards, prompt_tasks, train_prompts, heldout_prompts, prompt_predictions,
+            features[main_block], rewards, prompt_tasks, train_prompts, heldout_prompts, row_predictions,
             empirical, n, s) if prompt_tasks else (None, None)
 
     prompt_metrics = {name: e["prompt_level"] for name, e in estimators.items()}

@@ -1,30 +1,12 @@
-"""Training-free process rewards (seed 002) as an option for any GRPOTrainer-based algorithm.
+"""Training-free process rewards (docs/references.md) as an option for any GRPOTrainer-based algorithm.
 
-Right after generation (the policy is loaded, nothing is trained yet), each completion is
-cut into episodes at discourse markers ("\\n\\n", "Wait", "So", ...; a token-length fallback
-splits marker-free stretches). At every episode boundary b, V(prefix) is the mean
-log-probability of the gold answer's tokens after a force-answer prompt:
-
-    V(b) = mean_i log pi(a_i | prompt + completion[:b] + force_prompt + a_<i)    (seed 002)
-
-The marginal utility of episode i, U_i = V(b_i) - V(b_{i-1}) (b_0 = the bare prompt), is a
-process reward placed on the episode's last token. The last episode (the answer) gets none:
-the outcome reward is its credit. Process rewards are normalized SEPARATELY from the outcome
-(seed 002, Pitfall 2) and turned into per-token advantages by return-to-go (Pitfall 1), see
-`estimators.process_reward_advantages`; they are added to the algorithm's own outcome
-advantage, broadcast over the tokens of each row:
-
-    A_t = A_outcome + process_reward_coef * sum_{i: b_i > t} norm(U_i)
-
-so the (B, T) advantages reach TRL's loss unchanged (it accepts per-token advantages).
-
-`ProcessRewardMixin` wraps `_generate_and_score_completions`, so it composes with any
-trainer whose output carries final advantages: GRPO, RLOO, REINFORCE++ and POISE
-(`class X(ProcessRewardMixin, RLOOTrainer)`, with `ProcessRewardArguments` mixed into the
-config the same way; the compositions live with their trainers in `poise_trl.trainers`).
-
-Cost: one extra no-grad forward per episode boundary (at most `process_reward_max_episodes`
-per completion) over prompt + prefix + force prompt + answer, batched and sorted by length.
+Right after generation, each completion is cut into episodes at discourse markers; at each boundary b,
+V(b) is the mean log-probability of the gold answer after a force-answer prompt, and the marginal
+utility U_k = V(b_k) - V(b_{k-1}) lands on the episode's last token. Normalized apart from the outcome
+and turned into per-token advantages by return-to-go, they are added to the algorithm's own outcome
+advantage (`estimators.process_reward_advantages`). `ProcessRewardMixin` wraps
+`_generate_and_score_completions`, so it composes with GRPO, RLOO, REINFORCE++ and POISE.
+Equations and cost: docs/algorithms.md ("Training-free process rewards").
 """
 
 from __future__ import annotations
@@ -42,7 +24,7 @@ from poise_trl import estimators
 from poise_trl.distributed import gather_padded
 from poise_trl.tasks.math_grader import answer_to_str
 
-# seed 002, "Episode Segmentation" (its list goes on: "... more markers"), plus paragraph breaks.
+# process-rewards post, "Episode Segmentation" (its list goes on: "... more markers"), plus paragraph breaks.
 DEFAULT_MARKERS = ["\n\n", "Wait", "Alternatively", "Actually", "Hmm", "So ", "But ", "Therefore", "Let me ", "I need to "]
 THINK_END = "</think>"
 
@@ -85,7 +67,7 @@ def episode_boundaries(
     character (" Wait"). Boundaries lie in the thinking span:
     before the first `stop_text` (the whole completion when it never closes its thinking).
     An episode longer than `max_episode_tokens` is cut every `max_episode_tokens` tokens
-    (seed 002, "token length fallback").
+    (process-rewards post, "token length fallback").
     """
     text = "".join(pieces)
     starts = list(itertools.accumulate((len(p) for p in pieces), initial=0))[:-1]
@@ -126,7 +108,7 @@ def process_rewards_from_values(
     """Marginal utilities at episode ends: ((B, width) rewards, (B, width) 0/1 mask).
 
     Row i has values[i] = [V(b_0 = 0), V(b_1), ..., V(b_n)] for boundaries[i] = [b_1..b_n];
-    U_k = V(b_k) - V(b_{k-1}) (seed 002, "Marginal Utility") lands on token b_k - 1, the
+    U_k = V(b_k) - V(b_{k-1}) (process-rewards post, "Marginal Utility") lands on token b_k - 1, the
     last token of episode k. A row without boundaries (values[i] = []) gets none.
     """
     rewards = torch.zeros(len(values), width)
@@ -146,7 +128,7 @@ def answer_logprob_means(
 ) -> torch.Tensor:
     """Mean log-probability of the last `answer_lengths[i]` tokens of each sequence, (N,).
 
-    seed 002, "Log-Probability Approximation" (kept in log space for stability). Sequences
+    process-rewards post, "Log-Probability Approximation" (kept in log space for stability). Sequences
     are sorted by length, left-padded in chunks of `batch_size`, given explicit position ids
     (so padding does not shift them) and only the answer positions' logits are computed.
     """
@@ -173,7 +155,7 @@ def answer_logprob_means(
 # ---------------------------------------------------------------------------------------
 
 
-PROCESS_REWARDS_HELP = "Add training-free process rewards (seed 002) to the outcome advantages."
+PROCESS_REWARDS_HELP = "Add training-free process rewards to the outcome advantages."
 
 
 @dataclass
@@ -202,8 +184,8 @@ class ProcessRewardArguments:
     )
     process_reward_norm: str = field(
         default="group",
-        metadata={"help": "'group': normalize process rewards within each prompt group (seed 002); 'batch': over "
-                          "the whole global batch (REINFORCE++'s global normalization)."},
+        metadata={"help": "'group': normalize process rewards within each prompt group (as the post does); "
+                          "'batch': over the whole global batch (REINFORCE++'s global normalization)."},
     )
     process_reward_batch_size: int | None = field(
         default=None, metadata={"help": "Sequences per V forward pass (default: per_device_train_batch_size)."}
@@ -296,7 +278,7 @@ class ProcessRewardMixin:
         return rewards, reward_mask, values
 
     def _log_process_diagnostics(self, outcome, advantages, mask, rewards, reward_mask, values) -> None:
-        """seed 002, "Adding Process Rewards to Your Pipeline": advantage stats with and without
+        """process-rewards post, "Adding Process Rewards to Your Pipeline": advantage stats with and without
         process rewards, and whether advantages vary within a sequence."""
         valid = mask.bool()
         device = mask.device

@@ -1,23 +1,11 @@
-"""Prompt datasets for RL: a registry of math sets, plus loaders for local files and hub ids.
+"""Math prompt datasets for RL: a registry of math sets, plus loaders for local files and hub ids
+(`load_math_dataset`; `tasks.load_prompt_dataset` loads any dataset, task families included).
 
-Every loader returns a `datasets.Dataset` with a TRL conversational `prompt` column and a string `answer`
-column (the gold final answer that `rewards.math_accuracy_reward` grades against), plus the source's
-metadata columns (level, subject, id, ...).
-
-Public evaluation files come in many schemas (see tests/test_eval_schemas.py for the ones covered): column
-names in any case, answers in nested fields (`reward_model.ground_truth`, dotted paths), in one-element lists
-(OlympiadBench's `final_answer`), after GSM8K's `####`, or only in a worked solution's `\\boxed{}`; problems
-split over a context and a question column; chat-list prompts. Rows without a usable question or answer are
-skipped with one warning line; a file fails only when no row is usable. Multiple-choice sets are refused:
-the math grader compares free-form answers, not option letters.
-
-Hub ids in the registry, checked against their hub dataset cards and loaders that use them:
-  open-r1/DAPO-Math-17k-Processed  config "en", split train; `prompt` is the problem wrapped in DAPO's
-                                   "Answer:" instructions, `solution` is the bare final answer
-  HuggingFaceH4/MATH-500           split test (500): problem, solution, answer, subject, level, unique_id
-  HuggingFaceH4/aime_2024          split train, its only split (30): id, problem, solution, answer, url, year
-  math-ai/aime25                   split test (30): problem, answer
-  math-ai/amc23                    split test (40): question, answer
+Every loader returns a `datasets.Dataset` with TRL's conversational `prompt` column, a string `answer`
+column (the gold the math reward grades against) and the source's metadata columns. Many public file
+schemas are read (tests/test_eval_schemas.py); rows without a usable question or answer are skipped with
+one warning line, and multiple-choice sets are refused. The registry's hub ids and their schemas:
+docs/recipes.md ("Datasets").
 """
 
 
@@ -32,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
+import pandas
 import pyarrow.parquet
 
 from poise_trl import toy_task
 from poise_trl.loading import BUNDLED_DATA
-from poise_trl.tasks import TaskError, is_task, mix_rows, task_rows
 from poise_trl.tasks.math_grader import answer_to_str, join_alternatives, last_boxed, normalize_gold_answer
 
 logger = logging.getLogger(__name__)
@@ -168,8 +156,6 @@ def _read_json(path: Path) -> list[dict | None]:
 
 
 def _read_csv(path: Path) -> list[dict]:
-    import pandas
-
     frame = pandas.read_csv(path)
     return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
             for row in frame.to_dict("records")]
@@ -453,8 +439,8 @@ def _skipped(bad: dict[str, list[int]], total: int) -> str:
     return f"{len(rows)} of {total} rows ({reasons}; row{'s' if len(rows) > 1 else ''} {shown}, counting from 1)"
 
 
-def load_prompt_dataset(
-    source: str | Path | list,
+def load_math_dataset(
+    source: str | Path,
     split: str | None = None,
     columns: dict[str, str] | None = None,
     prompt_suffix: str | None = None,
@@ -463,9 +449,8 @@ def load_prompt_dataset(
     seed: int = 0,
     config: str | None = None,
     column_option: str = RECIPE_COLUMN_OPTION,
-    task_config: dict | None = None,
 ) -> datasets.Dataset:
-    """Load `source` as prompt/answer pairs for RL.
+    """Load math dataset `source` as prompt/answer pairs for RL.
 
     `source` is a registered name (see DATASETS), a local .json/.jsonl/.parquet/.csv file, a folder holding
     such files or written by `datasets.save_to_disk`, or a hub dataset id (with `config`). `split` picks a
@@ -477,21 +462,8 @@ def load_prompt_dataset(
     `limit` usable rows chosen by `seed`, in their original order; for a generated split (toy-arith train)
     `seed` seeds the generator and `limit` is the number of rows generated. Golds pass through
     `tasks.math_grader.normalize_gold_answer`. `column_option` is how errors tell the user to name a column, with
-    `{role}` for question or answer (`poise bench` passes `--{role}-column COLUMN`). A task name
-    (`reasoning-gym:leg_counting`, see `poise_trl.tasks`) gives that family's rows for `split` ("test", "all" for
-    a fixed set's every row, else train), `limit` of them, seeded by `seed`, with `task_config` as the family's config. A list is a task
-    mix (`poise_trl.tasks.mix_rows`): `limit` rows in all, shared by the entries' weights.
+    `{role}` for question or answer (`poise bench` passes `--{role}-column COLUMN`).
     """
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be positive, got {limit}")
-    if isinstance(source, (list, tuple)):  # a task mix: each entry names its own config
-        if task_config:
-            raise TaskError("task_config sets one task's keys; in a task mix give each entry its own config: "
-                            "{name: <task>, config: {...}}")
-        return datasets.Dataset.from_list(mix_rows(source, "test" if split == "test" else "train", limit, seed))
-    if is_task(str(source)):  # rows and verifiers come from the task family (poise_trl.tasks)
-        task_split = split if split in ("test", "all") else "train"  # `all`: a fixed set whole (humaneval, bfcl)
-        return datasets.Dataset.from_list(task_rows(str(source), task_split, limit, seed, task_config))
     clean = None
     if str(source) in DATASETS:
         rows = _load_registered(str(source), split, limit, seed)

@@ -1,6 +1,5 @@
-"""Recipes: YAML files holding the keys of an algorithm's trainer config plus the run's
-model, data, rewards and evaluation settings. Parsing and validation only; `train.py`
-builds the run.
+"""Recipes: YAML files holding the keys of an algorithm's trainer config plus the run's model, data,
+rewards and evaluation settings, parsed once into a `RunPlan` that `plan`, `build` and `train` read.
 """
 
 from __future__ import annotations
@@ -16,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+
+from poise_trl.loading import RecipeError
+from poise_trl.tasks import is_task
+from poise_trl.trainers import Algorithm, get_algorithm
 
 
 class _RecipeLoader(yaml.SafeLoader):
@@ -39,10 +43,6 @@ _RecipeLoader.add_implicit_resolver(
 
 def read_yaml(text: str):
     return yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 - a SafeLoader subclass
-
-
-class RecipeError(ValueError):
-    """A recipe or an override the user must fix; the message says how."""
 
 
 @dataclass
@@ -261,9 +261,97 @@ def check_ranges(recipe: dict, algorithm) -> None:
                           "with num_train_epochs: N to train by epochs)")
     generations = recipe.get("num_generations")
     if isinstance(generations, int) and generations < algorithm.min_generations:
-        name = algorithm.display_name
-        why = ("each rollout's baseline comes from another rollout of the same prompt" if name == "POISE"
-               else "its baseline comes from the other rollouts of the same prompt")
-        fix = "num_generations: 2" if name == "POISE" else "num_generations >= 2 (or algo: reinforce_pp for one)"
-        raise RecipeError(f"num_generations: {generations}: {name} needs at least 2 rollouts per prompt ({why}); "
-                          f"set {fix}")
+        raise RecipeError(f"num_generations: {generations}: {algorithm.display_name} needs at least "
+                          f"{algorithm.min_generations} rollouts per prompt "
+                          f"({algorithm.min_generations_reason}); set num_generations >= "
+                          f"{algorithm.min_generations} (or algo: reinforce_pp for one)")
+
+
+@dataclass
+class RunPlan:
+    """A recipe parsed once (`parse_recipe`): its run settings, the algorithm, the config keys it sets, and
+    the config object built for this machine (CPU: `use_cpu`, no bf16). `plan`, `build` and `train` read
+    it."""
+
+    recipe: dict
+    algorithm: Algorithm
+    settings: RunSettings
+    config_kwargs: dict
+    args: object
+
+    def requested(self, key: str):
+        """A config value as the recipe asks for it, whatever this machine is (`poise plan` sizes a GPU
+        launch from a CPU machine)."""
+        return requested_value(self.algorithm, self.config_kwargs, key)
+
+
+def requested_value(algorithm: Algorithm, config_kwargs: dict, key: str):
+    """The recipe's own value of a config key, else the algorithm's default; None for a key the
+    algorithm's config does not have (A*-PO has no vLLM switch)."""
+    if key in config_kwargs:
+        return config_kwargs[key]
+    default = algorithm.config_class.__dataclass_fields__.get(key)
+    if default is None:
+        return None
+    if default.default is not dataclasses.MISSING:
+        return default.default
+    return default.default_factory() if default.default_factory is not dataclasses.MISSING else None
+
+
+def parse_recipe(recipe: dict, output_dir: str | None = None) -> RunPlan:
+    try:
+        algorithm = get_algorithm(recipe.get("algo", "grpo"))
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    settings, config_kwargs = split_recipe(recipe, algorithm)
+    if settings.rewards is None:
+        settings.rewards = ["task"] if is_task(settings.dataset) else ["math_accuracy"]
+    elif isinstance(settings.rewards, str):  # `rewards: math_accuracy`
+        settings.rewards = [settings.rewards]
+    if isinstance(settings.dataset, list):  # a task mix: the algorithm's settings for one (the recipe's win)
+        config_kwargs = {**algorithm.task_mix_settings, **config_kwargs}
+    args = build_config(algorithm, config_kwargs, output_dir)
+    return RunPlan(recipe, algorithm, settings, config_kwargs, args)
+
+
+def build_config(algorithm: Algorithm, config_kwargs: dict, output_dir: str | None):
+    kwargs = dict(config_kwargs)
+    if output_dir is not None:
+        kwargs["output_dir"] = output_dir
+    kwargs.setdefault("output_dir", f"runs/{algorithm.name}")
+    kwargs.setdefault("report_to", "none")
+    kwargs["disable_tqdm"] = True  # the rich display replaces tqdm
+    if kwargs.get("log_completions") and "num_completions_to_print" in algorithm.config_class.__dataclass_fields__:
+        kwargs.setdefault("num_completions_to_print", 4)  # TRL prints every row of the table at each log
+    if not torch.cuda.is_available():
+        kwargs.update(use_cpu=True, bf16=False)
+        kwargs.setdefault("gradient_checkpointing", False)
+    fields = algorithm.config_class.__dataclass_fields__
+    # transformers 5.24 renamed gradient_checkpointing to activation_checkpointing and warns on the old name,
+    # TRL's, which recipes keep: it is handed on under the new one.
+    if "activation_checkpointing" in fields:
+        for old in ("gradient_checkpointing", "gradient_checkpointing_kwargs"):
+            kwargs.setdefault(old.replace("gradient", "activation"), kwargs.pop(old, fields[old].default))
+    if "num_generations" in algorithm.config_class.__dataclass_fields__:  # A*-PO: one rollout per prompt
+        check_batch_geometry({key: requested_value(algorithm, config_kwargs, key) for key in
+                              ("num_generations", "per_device_train_batch_size", "steps_per_generation",
+                               "gradient_accumulation_steps", "generation_batch_size")})
+    try:
+        return algorithm.config_class(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"invalid settings for algo {algorithm.name!r}: {exc}") from None
+
+
+def check_batch_geometry(values: dict) -> None:
+    """Catch the batch sizes TRL would reject later, with the fix spelled out."""
+    num_generations = values.get("num_generations", 8)
+    per_device = values.get("per_device_train_batch_size", 8)
+    steps = values.get("steps_per_generation") or values.get("gradient_accumulation_steps", 1)
+    generation_batch = values.get("generation_batch_size") or per_device * steps
+    if generation_batch % num_generations:
+        raise RecipeError(
+            f"generation batch size {generation_batch} (per_device_train_batch_size={per_device} x "
+            f"steps_per_generation={steps}) is not divisible by num_generations={num_generations}: every prompt needs "
+            f"its {num_generations} rollouts in the same batch. Make per_device_train_batch_size x steps_per_generation "
+            f"a multiple of {num_generations} (e.g. per_device_train_batch_size={num_generations * max(1, per_device // num_generations)})"
+        )

@@ -13,6 +13,8 @@ import asyncio
 import importlib
 import inspect
 import numbers
+import os
+import sys
 from collections.abc import Callable, Sequence
 
 from poise_trl.tasks import completion_text, task_reward
@@ -39,13 +41,22 @@ REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
 
 
 def import_reward_function(path: str) -> Callable[..., list[float]]:
-    """`package.module:function`, a TRL reward function of the user's own."""
+    """`package.module:function`, a TRL reward function of the user's own: an installed module, or one in
+    the working directory (put first on the import path, as `python -m` puts it, when nothing else has it)."""
     module_name, _, attribute = path.partition(":")
     try:
-        function = getattr(importlib.import_module(module_name), attribute)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if os.getcwd() in sys.path or exc.name != module_name.partition(".")[0]:
+                raise
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+        function = getattr(module, attribute)
     except ImportError as exc:
-        raise ValueError(f"reward function {path!r}: cannot import {module_name!r} ({exc}); put its package on "
-                         "PYTHONPATH or install it") from None
+        raise ValueError(f"reward function {path!r}: cannot import {module_name!r} ({exc}) from the working "
+                         "directory or the installed packages; put its package on PYTHONPATH or install it"
+                         ) from None
     except AttributeError:
         raise ValueError(f"reward function {path!r}: module {module_name!r} has no {attribute!r}") from None
     if not callable(function):

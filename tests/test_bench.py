@@ -220,7 +220,8 @@ def cli(*args):
 def test_cli_runs_and_prints_the_table(tmp_path, toy_file, tiny_random_model_dir):
     out = tmp_path / "out"
     result, output = cli("toy-arith", "aime25", "--model", tiny_random_model_dir, "--data-file", toy_file,
-                         "--data-file", toy_file, "--n", 2, "--max-new-tokens", 4, "-o", out, "--no-progress")
+                         "--data-file", toy_file, "--n-samples", 2, "--max-new-tokens", 4, "-o", out,
+                         "--no-progress")
     assert result.exit_code == 0, output
     assert "Avg@2" in output and "pass@2" in output and "average" in output
     summary = json.loads((out / "summary.json").read_text())
@@ -240,8 +241,8 @@ def test_cli_errors_are_one_line(tmp_path, toy_file, tiny_random_model_dir):
     out = tmp_path / "out"
     common = ("toy-arith", "--model", tiny_random_model_dir, "--data-file", toy_file, "--max-new-tokens", 4,
               "-o", out, "--no-progress")
-    assert cli(*common, "--n", 1)[0].exit_code == 0
-    assert_one_line_error(*cli(*common, "--n", 2), "num_samples 1 -> 2")
+    assert cli(*common, "--n-samples", 1)[0].exit_code == 0
+    assert_one_line_error(*cli(*common, "--n-samples", 2), "num_samples 1 -> 2")
 
 
 def _hand_made(folder: Path, avg: float, avg_se: float, maj: float, temperature: float = 0.6) -> Path:
@@ -303,7 +304,7 @@ def test_unregistered_name_with_data_file(tmp_path, tiny_random_model_dir, monke
     monkeypatch.setattr(TransformersEngine, "sample", fake_sampler)
     out = tmp_path / "out"
     result, output = cli("gsm8k-local", "--data-file", path, "--answer-column", "answer", "--model",
-                         tiny_random_model_dir, "--n", 2, "-o", out, "--no-progress")
+                         tiny_random_model_dir, "--n-samples", 2, "-o", out, "--no-progress")
     assert result.exit_code == 0, output
     summary = json.loads((out / "summary.json").read_text())
     entry = summary["benchmarks"]["gsm8k-local"]
@@ -319,7 +320,8 @@ def test_paths_names_split_and_limit(tmp_path, tiny_random_model_dir):
     (folder / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (folder / "train.jsonl").write_text(json.dumps(rows[0]) + "\n")
     out = tmp_path / "out"
-    common = ("--model", tiny_random_model_dir, "--n", 1, "--max-new-tokens", 2, "-o", out, "--no-progress")
+    common = ("--model", tiny_random_model_dir, "--n-samples", 1, "--max-new-tokens", 2, "-o", out,
+              "--no-progress")
     result, output = cli(folder, "--split", "test", "--limit", 3, *common)
     assert result.exit_code == 0, output
     settings = json.loads((out / "mybench" / "settings.json").read_text())  # a folder is named after itself
@@ -374,7 +376,9 @@ def test_preset_poise_is_the_paper_protocol(tmp_path, tiny_random_model_dir, mon
     assert result.exit_code == 0, output
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["benchmarks"]) == list(fixed.benchmarks)
-    assert {(c["temperature"], c["top_p"], c["max_new_tokens"]) for c in calls} == {(0.6, 0.95, 8192)}
+    budgets = {entry["settings"]["max_new_tokens"] for entry in summary["benchmarks"].values()}
+    assert {(c["temperature"], c["top_p"]) for c in calls} == {(0.6, 0.95)}
+    assert {c["max_new_tokens"] for c in calls} == budgets and max(budgets) < 8192  # capped at the tiny context
     assert all(e["metrics"]["num_samples"] == 32 for e in summary["benchmarks"].values())
     assert_one_line_error(*cli("--preset", "poise", "--model", tiny_random_model_dir, "-o", out),
                           "amc24 has no verified hub copy registered: give a local copy with --data-file amc24=FILE")

@@ -1,9 +1,15 @@
-"""The CLI's contract with users: bad input gives one clear line, not a traceback."""
+"""The CLI's contract with users: bad input gives one clear line, not a traceback; help reads as
+paragraphs."""
 
+import ast
+import itertools
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 from helpers import assert_one_line_error
+from typer.main import get_command
 from typer.testing import CliRunner
 
 from poise_trl.cli.main import app
@@ -14,7 +20,6 @@ runner = CliRunner()
 def run(*args):
     result = runner.invoke(app, list(args))
     return result, result.output
-
 
 
 
@@ -55,3 +60,67 @@ def test_model_without_chat_template(tmp_path, tiny_random_model_dir):
 def test_help(command):
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0
+
+
+PACKAGE = Path(__file__).resolve().parents[1] / "poise_trl"
+# Flags of other programs that the package writes out: pip's, accelerate's, torchrun's (and every flag in
+# sandbox.py, bubblewrap's and unshare's, and in vllm_server.py, vLLM's).
+OTHER_PROGRAMS_FLAGS = {"--no-deps", "--num_processes", "--nproc_per_node"}
+
+
+def command_paths(command, path=()):
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from command_paths(sub, (*path, name))
+
+
+def option_names(command) -> set[str]:
+    names = {name for param in command.params for name in getattr(param, "opts", [])}
+    return names.union(*(option_names(sub) for sub in getattr(command, "commands", {}).values()))
+
+
+def help_text(path, width: int) -> str:
+    result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": str(width)}, terminal_width=width)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def fragments(text: str) -> list[str]:
+    """Lines under 30 characters that do not end their paragraph: the next line continues the same text at
+    the same indent (a hard line break in a docstring, rendered as is). List items (`- `, `* `, option rows
+    starting with `-`) and typer's own `[default: ...]` / `[required]` lines are not fragments."""
+    found = []
+    lines = [line.strip().strip("│").rstrip() for line in text.splitlines()]
+    for line, following in itertools.pairwise(lines):
+        words, next_words = line.strip(), following.strip()
+        if not words or not next_words or words[0] in "-*•[╭╰─" or next_words[0] in "[╭╰─":
+            continue
+        same_indent = len(line) - len(line.lstrip()) == len(following) - len(following.lstrip())
+        if len(words) < 30 and same_indent:
+            found.append(f"{words!r} (then {next_words!r})")
+    return found
+
+
+@pytest.mark.parametrize("width", [100, 120])
+def test_every_commands_help_reads_as_paragraphs_without_internal_references_or_machine_paths(width):
+    for path in command_paths(get_command(app)):
+        text = help_text(path, width)
+        assert not fragments(text), (path, fragments(text))
+        assert not re.search(r"seed 00\d|poise-spec|trl-notes", text), path
+        assert str(PACKAGE.parent) not in text and str(Path.home()) not in text, path
+        assert "<bool>" not in text, path
+
+
+def test_every_flag_the_package_names_is_a_current_option():
+    """Errors and help name options as they are spelled now (`--n-samples`, not the earlier `--n`)."""
+    current = option_names(get_command(app)) | {"--help"}
+    named = {}
+    for module in PACKAGE.rglob("*.py"):
+        if module.name in ("sandbox.py", "vllm_server.py"):
+            continue
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*", node.value):
+                    named.setdefault(flag, module.name)
+    stale = {flag: module for flag, module in named.items() if flag not in current | OTHER_PROGRAMS_FLAGS}
+    assert not stale, stale

@@ -26,7 +26,7 @@ def test_first_crossing_interpolates_between_evaluations():
 
 def point(step, tokens, seconds, accuracy, budget_point=None):
     p = {"step": step, "generated_tokens": tokens, "generated_rollouts": tokens // 10, "train_seconds": seconds,
-         "accuracy": accuracy}
+         "accuracy": accuracy, "stderr": 0.0}
     return p if budget_point is None else {**p, "budget_point": budget_point}
 
 
@@ -103,6 +103,11 @@ def test_target_from_a_reference_run_and_wall_clock_ratio(tmp_path):
     assert poise["to_target"]["seeds_reached"] == 2
     assert poise["final_accuracy"]["mean"] == pytest.approx(0.8)
     assert poise["signals_mean"]["grad_norm"] == pytest.approx(1.5)
+    # no per-prompt results and no standard errors in these runs: the difference redraws seeds only
+    assert list(report["differences"]) == ["dapo - start", "poise - start", "dapo - poise"]
+    difference = report["differences"]["dapo - poise"]
+    assert difference["final"]["diff"] == pytest.approx(-0.1)
+    assert difference["final"]["ci95"] == pytest.approx([-0.1, -0.1])
     with pytest.raises(compare.CompareError, match="neither an accuracy nor one of the runs"):
         compare.aggregate(runs, budget, "grpo", {})
     assert compare.aggregate(runs, budget, "0.75", {})["results"]["dapo"]["to_target"]["seconds"] is None
@@ -168,6 +173,8 @@ def test_compare_two_step_budget_resumes_and_skips(tmp_path, tiny_random_model_d
         assert [p["budget_point"] for p in result["curve"]] == [0, 1, 2]
         assert all(r["generated_rollouts"] == 8 and r["steps"] == 2 for r in result["runs"])
     assert report["versions"]["trl"].startswith("1.16")
+    # every held-out evaluation kept its per-prompt results, so the differences redraw prompts too
+    assert report["differences"]["grpo - rloo"]["noise"] == "seeds and held-out prompts"
     assert (out / "accuracy.png").stat().st_size > 1000 and (out / "training_signals.png").stat().st_size > 1000
 
     # Complete runs are skipped: a rerun trains nothing and reproduces the report.
@@ -188,6 +195,7 @@ def test_compare_two_step_budget_resumes_and_skips(tmp_path, tiny_random_model_d
     after = json.loads((run / "summary.json").read_text())
     assert (after["steps"], after["generated_rollouts"]) == (2, 8)
     assert [p["step"] for p in after["heldout_history"]] == [0, 1, 2]
+    assert all(len(p["per_prompt"]) == p["num_prompts"] for p in after["heldout_history"])
     assert after["generated_tokens"] == before["generated_tokens"]  # same rollouts as the uninterrupted run
 
 
@@ -316,3 +324,83 @@ def test_aggregate_only_reproduces_a_committed_study(tmp_path, monkeypatch):
                                                             committed / "compare.json"))
     again.pop("versions"), original.pop("versions")
     assert again == original
+
+
+def curves_with_prompts(rng, arms_accuracy: dict[str, list[float]], seeds: int, prompts: int = 100,
+                        samples: int = 4):
+    """Budget curves per arm and seed whose per-prompt Avg@k draws each prompt's success from the arm's
+    accuracy at that point (each prompt's difficulty shared by the arms of a seed: one held-out set)."""
+    import numpy as np
+
+    out = {name: [] for name in arms_accuracy}
+    for _ in range(seeds):
+        difficulty = rng.normal(0, 1.0, prompts)
+        for name, accuracies in arms_accuracy.items():
+            curve = []
+            for point_index, accuracy in enumerate(accuracies):
+                logit = np.log(accuracy / (1 - accuracy)) + difficulty
+                per_prompt = (rng.binomial(samples, 1 / (1 + np.exp(-logit))) / samples).tolist()
+                curve.append({**point(point_index, 100 * point_index, 1.0, float(np.mean(per_prompt)),
+                                      point_index or None), "per_prompt": per_prompt,
+                              "stderr": float(np.std(per_prompt, ddof=1) / np.sqrt(prompts))})
+            out[name].append(curve)
+    return out
+
+
+def test_paired_difference_resolves_a_known_effect_and_not_a_null_one():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    curves = curves_with_prompts(rng, {"better": [0.4, 0.55, 0.65], "same": [0.4, 0.4, 0.4],
+                                       "same_again": [0.4, 0.4, 0.4]}, seeds=3)
+    effect = compare.paired_difference(curves["better"], curves["same"])
+    assert effect["noise"] == "seeds and held-out prompts" and effect["seeds"] == 3
+    low, high = effect["final"]["ci95"]
+    assert effect["final"]["resolved"] and 0 < low < effect["final"]["diff"] < high
+    assert 0.15 < effect["final"]["diff"] < 0.35 and effect["area"]["resolved"]
+    assert effect["area"]["diff"] < effect["final"]["diff"]  # the curve rises: its mean lies under its end
+    differences = compare.paired_differences(curves, {name: [0, 1, 2] for name in curves})
+    assert list(differences)[:3] == ["better - start", "same - start", "same_again - start"]
+    assert differences["better - start"]["final"]["resolved"]
+    assert not differences["same - start"]["final"]["resolved"]
+    assert differences["better - same"] == effect
+    null = compare.paired_difference(curves["same"], curves["same_again"])
+    assert not null["final"]["resolved"] and null["final"]["ci95"][0] < 0 < null["final"]["ci95"][1]
+    # runs without per-prompt results: the held-out sample's noise comes from each evaluation's standard error
+    older = {name: [[{k: v for k, v in p.items() if k != "per_prompt"} for p in c] for c in curves[name]]
+             for name in curves}
+    effect, null = (compare.paired_difference(older[a], older[b]) for a, b in (("better", "same"),
+                                                                               ("same", "same_again")))
+    assert effect["noise"].startswith("seeds and held-out sample (normal")
+    assert effect["final"]["resolved"] and not null["final"]["resolved"]
+    seeds_only = compare.paired_difference([[{**p, "stderr": 0.0} for p in c] for c in older["same"]],
+                                           [[{**p, "stderr": 0.0} for p in c] for c in older["same_again"]])
+    width = lambda d: d["final"]["ci95"][1] - d["final"]["ci95"][0]  # noqa: E731
+    assert seeds_only["final"]["diff"] == pytest.approx(null["final"]["diff"])
+    assert width(null) > width(seeds_only)
+
+
+def test_paired_difference_intervals_cover_a_null_difference_about_95_percent_of_the_time():
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    covered, covered_without_prompts = 0, 0
+    for _ in range(60):
+        curves = curves_with_prompts(rng, {"a": [0.4, 0.5], "b": [0.4, 0.5]}, seeds=3, prompts=60)
+        covered += not compare.paired_difference(curves["a"], curves["b"], samples=500)["final"]["resolved"]
+        older = [[[{k: v for k, v in p.items() if k != "per_prompt"} for p in c] for c in curves[name]]
+                 for name in ("a", "b")]
+        covered_without_prompts += not compare.paired_difference(*older, samples=500)["final"]["resolved"]
+    # 95% nominal (both err wide); redrawing the 3 seeds alone covers about 3 in 4
+    assert covered >= 54 and covered_without_prompts >= 54
+
+
+def test_differences_table_says_resolved_or_not():
+    report = {"target": None, "results": {}, "differences": {
+        "poise - grpo": {"seeds": 3, "noise": "seeds and held-out prompts",
+                         "final": {"diff": 0.018, "ci95": [-0.02, 0.05], "resolved": False},
+                         "area": {"diff": 0.03, "ci95": [0.01, 0.05], "resolved": True}},
+    }}
+    title, header, rows = next(t for t in compare.table_rows(report) if t[0].startswith("paired differences"))
+    assert rows[0] == ["poise - grpo", "3", "+0.018 [-0.020, +0.050]", "not resolved",
+                       "+0.030 [+0.010, +0.050]", "resolved", "seeds and held-out prompts"]

@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import run_two_cpu_ranks
 
-from poise_trl.critics import CriticEnsemble, build_tiny_critic, load_critic, token_values
+from poise_trl.critics import CriticEnsemble, load_critic, token_values
+from poise_trl.toy import build_tiny_critic
 
 
 def ensemble(model_dir, num_critics=2, **kwargs):

@@ -21,8 +21,8 @@ from poise_trl.prompts import (
     DatasetSpec,
     DatasetUnavailableError,
     held_out_split,
-    load_prompt_dataset,
 )
+from poise_trl.tasks import load_prompt_dataset
 from poise_trl.tasks.math_grader import is_correct
 
 

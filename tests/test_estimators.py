@@ -261,7 +261,7 @@ def test_k2_gradient_equals_reverse_kl_gradient():
     reverse = _true_kl_grad(logits, ref_logp, reverse=True)
     forward = _true_kl_grad(logits, ref_logp, reverse=False)
     assert reverse.abs().max() > 1e-2 and (reverse - forward).abs().max() > 1e-2
-    # seed 004 App. B.1: k2 as a loss -> reverse-KL gradient
+    # REINFORCE++ paper, App. B.1: k2 as a loss -> reverse-KL gradient
     torch.testing.assert_close(_expected_surrogate_grad(est.kl_k2, logits, ref_logp), reverse)
     # ... k3 as a loss -> forward-KL gradient; k1 as a loss -> 0 (ignores pi_ref)
     torch.testing.assert_close(_expected_surrogate_grad(est.kl_k3, logits, ref_logp), forward)

@@ -15,7 +15,8 @@ import datasets
 import pytest
 from typer.testing import CliRunner
 
-from poise_trl.prompts import DatasetFormatError, load_prompt_dataset
+from poise_trl.prompts import DatasetFormatError
+from poise_trl.tasks import load_prompt_dataset
 from poise_trl.tasks.math_grader import is_correct
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval_schemas"

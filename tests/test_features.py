@@ -73,7 +73,7 @@ def make_batch():
 
 
 def reference_pool(hidden, prompt_mask, completion_ids, completion_mask, n=10):
-    """Python-loop pooling straight from poise-spec "Features z", for comparison."""
+    """Python-loop pooling straight from docs/algorithms.md, "Features z", for comparison."""
     P, T = prompt_mask.shape[1], completion_ids.shape[1]
     prompts, responses = [], []
     for b in range(hidden.shape[0]):

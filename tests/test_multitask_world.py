@@ -9,10 +9,9 @@ import pytest
 from helpers import assert_one_line_error, assert_parameters_moved, build_trainer, trainable_parameters
 from typer.testing import CliRunner
 
-from poise_trl.build import parse_recipe
 from poise_trl.cli.main import app
 from poise_trl.loading import BUNDLED_DATA
-from poise_trl.recipe import load_recipe
+from poise_trl.recipe import load_recipe, parse_recipe
 from poise_trl.toy import MULTITASK_TASKS, build_multitask_model, multitask_mix
 
 MODEL_DIR = BUNDLED_DATA / "tiny-qwen3-multitask"

@@ -15,7 +15,7 @@ from poise_trl import estimators as est
 from poise_trl.features import RolloutFeatures
 from poise_trl.metrics import pearson
 from poise_trl.probe import GroupBuffer, LinearValueProbe, ProbeEstimator, _fit_pca, _fit_pca_fast
-from poise_trl.tasks import answer_part, extract_tagged_answer
+from poise_trl.tasks.family import answer_part, extract_tagged_answer
 from poise_trl.tasks.math_grader import all_boxed, normalize_gold_answer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -32,7 +32,7 @@ def exact(actual, expected):
 
 def test_masked_whiten_default_eps_and_two_positions():
     # Two valid positions are enough (Bessel's n - 1 = 1). Values 0 and 2e-8: mean 1e-8, centred +-1e-8,
-    # std sqrt(2e-16) = 1.41421356e-8; with eps 1e-8: 1e-8 / 2.41421356e-8 = 0.41421356 (seed 004, Eq. (5)).
+    # std sqrt(2e-16) = 1.41421356e-8; with eps 1e-8: 1e-8 / 2.41421356e-8 = 0.41421356 (Eq. (5)).
     values = torch.tensor([0.0, 2e-8, 5.0], dtype=torch.float64)
     mask = torch.tensor([1, 1, 0])
     torch.testing.assert_close(est.masked_whiten(values, mask), torch.tensor([-0.41421356, 0.41421356, 0.0],
@@ -52,13 +52,13 @@ def test_group_errors_name_the_fix():
     with pytest.raises(ValueError, match=r"^batch size 3 is not a multiple of group_size 2: rows must come in whole "
                                          r"prompt groups \(rows 0\.\.G-1 = prompt 0, \.\.\.\)$"):
         est.group_mean_advantages(torch.tensor([1.0, 0.0, 1.0]), 2)
-    # GRPO's std needs two rows per group (seed 004, Eq. (3)).
+    # GRPO's std needs two rows per group (REINFORCE++ paper, Eq. (3)).
     with pytest.raises(ValueError, match="group_size must be >= 2"):
         est.group_normalized_advantages(torch.tensor([1.0, 0.0]), 1)
 
 
 def test_cross_rollout_advantages_with_groups_of_four():
-    # seed 000, Sec. 3.2 for G > 2: b_i = mean of the 3 siblings' predictions
+    # POISE paper, Sec. 3.2 for G > 2: b_i = mean of the 3 siblings' predictions
     rewards, predictions = torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([0.2, 0.4, 0.6, 0.8])
     advantages, baselines = est.cross_rollout_advantages(rewards, predictions, group_size=4)
     torch.testing.assert_close(baselines, torch.tensor([0.6, 1.6 / 3, 1.4 / 3, 0.4]))
@@ -71,7 +71,7 @@ def test_kl_penalized_token_rewards_error_message():
 
 
 def test_single_token_completions():
-    # T = 1: each row's one token carries the whole return (seed 004, Eq. (4)); GAE: A = r - V (delta_0).
+    # T = 1: each row's one token carries the whole return (REINFORCE++, Eq. (4)); GAE: A = r - V.
     rewards, mask = torch.tensor([[2.0], [3.0]]), torch.ones(2, 1)
     exact(est.returns_to_go(rewards, mask), [[2.0], [3.0]])
     advantages, returns = est.gae_advantages(rewards, torch.tensor([[0.5], [1.0]]), mask, gamma=1.0, lam=0.9)
@@ -97,7 +97,7 @@ def test_length_adaptive_lambda_dtype():
 
 
 def test_disagreement_masks_break_ties_in_token_order_at_scale():
-    # seed 001's Low_k / Top_h as rank selections: among tied stds the earlier token (row-major) goes first,
+    # AsyPPO's Low_k / Top_h as rank selections: among tied stds the earlier token (row-major) goes first,
     # also past the sizes where an unstable sort starts to reorder ties.
     g = torch.Generator().manual_seed(0)
     std = torch.randint(0, 3, (10, 30), generator=g).float()
@@ -111,7 +111,7 @@ def test_disagreement_masks_break_ties_in_token_order_at_scale():
 
 
 def test_filtered_entropy_bonus_single_token_row():
-    # (1/|o|) sum_t I^H_t H_t with |o| = 1 (seed 001, J_PPO)
+    # (1/|o|) sum_t I^H_t H_t with |o| = 1 (AsyPPO paper, J_PPO)
     exact(est.filtered_entropy_bonus(torch.tensor([[3.0, 9.0]]), torch.ones(1, 2), torch.tensor([[1, 0]])), [3.0])
 
 
@@ -213,7 +213,7 @@ def test_pca_is_scale_invariant_and_ignores_rounding_noise():
 
 
 def ridge_reference(x: torch.Tensor, y: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ridge on population-standardized columns, intercept unpenalized (poise-spec "The probe"):
+    """Ridge on population-standardized columns, intercept unpenalized (docs/algorithms.md, "The probe"):
     (coefficients, in-sample predictions)."""
     mean, std = x.mean(0), x.std(0, unbiased=False)
     xs = (x - mean) / std
@@ -261,7 +261,7 @@ def test_probe_errors_name_the_problem():
 
 def test_probe_pca_method_choice():
     # "exact" always runs eigh; "fast" does too up to d = 512, then the randomized PCA, warm-started
-    # from the previous fit's components (probe module docstring).
+    # from the previous fit's components (docs/algorithms.md, "The probe").
     for d, method in ((520, "exact"), (512, "fast")):
         features, target = random_features(24, d, seed=5)
         probe = LinearValueProbe(prompt_components=3, response_components=3, fit_method=method).fit(features, target)
@@ -391,7 +391,7 @@ def test_poise_compute_advantages_bootstrap_then_cross_rollout(tmp_path, tiny_ra
     metrics = trainer._metrics["train"]
     first, _ = random_features(4, 4, seed=11)
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    # bootstrap round (poise-spec "Bootstrap"): RLOO, A_1 = r_1 - r_2
+    # bootstrap round (docs/algorithms.md, "Bootstrap"): RLOO, A_1 = r_1 - r_2
     trainer._step_floor = torch.tensor([True, False])  # prompt selection: group 0 from the random floor
     exact(poise_round(trainer, first, rewards.double()), [1.0, -1.0, 0.0, 0.0])
     assert trainer.table_columns["baseline"] == [0.0, 1.0, 1.0, 1.0]  # b = r - A, RLOO's partner reward
@@ -424,7 +424,7 @@ def test_poise_compute_advantages_mixes_probe_and_rloo_by_group(tmp_path, tiny_r
     trainer._step_inputs = [{"task": "a"}] * 4 + [{"task": "b"}] * 4
     poise_round(trainer, features, torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]))
     # domain "c" has no fitted probe: its group falls back to RLOO, domain "a"'s uses the probe with
-    # b_i = the mean of the 3 siblings' predictions (seed 000, Sec. 3.2 for G > 2)
+    # b_i = the mean of the 3 siblings' predictions (POISE paper, Sec. 3.2 for G > 2)
     trainer._step_inputs = [{"task": "a"}] * 4 + [{"task": "c"}] * 4
     second, _ = random_features(8, 4, seed=14)
     predictions, _ = trainer.value_estimator.predict(second, ["a"] * 4 + ["c"] * 4)
@@ -436,7 +436,7 @@ def test_poise_compute_advantages_mixes_probe_and_rloo_by_group(tmp_path, tiny_r
 
 
 def test_poise_compute_advantages_with_its_own_feature_pass(tmp_path, tiny_random_model_dir):
-    # No TRL no-grad pass this round: POISE runs one of its own over prompt + completion (module docstring, step 2).
+    # No TRL no-grad pass this round: POISE runs one of its own over prompt + completion.
     trainer = poise_trainer(tiny_random_model_dir, tmp_path / "run")
     g = torch.Generator().manual_seed(0)
     vocab = len(trainer.processing_class)
@@ -468,7 +468,7 @@ def asyppo_batch(vocab: int):
 
 
 @pytest.mark.parametrize("variant", sorted(ASYPPO_VARIANTS))
-def test_asyppo_compute_advantages_follows_seed_001(tmp_path, tiny_random_model_dir, variant):
+def test_asyppo_compute_advantages_follows_the_paper(tmp_path, tiny_random_model_dir, variant):
     cfg_overrides = ASYPPO_VARIANTS[variant]
     recipe = {"algo": "asyppo", "model": str(tiny_random_model_dir), "dataset": "toy-arith", "dataset_size": 16,
               "eval_limit": 4, "per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 5,
@@ -490,7 +490,7 @@ def test_asyppo_compute_advantages_follows_seed_001(tmp_path, tiny_random_model_
     trainer.critics.update = recording_update
     advantages = trainer.compute_advantages(rewards, output)
 
-    # outcome reward on the last valid token; the empty row carries nothing (seed 001 step 1)
+    # outcome reward on the last valid token; the empty row carries nothing (AsyPPO paper, step 1)
     token_rewards = torch.zeros(8, 5)
     for row, length in enumerate(mask.sum(1).tolist()):
         if length:

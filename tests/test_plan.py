@@ -18,7 +18,6 @@ from torch.utils._pytree import tree_leaves
 from transformers import TrainerCallback
 from typer.testing import CliRunner
 
-from poise_trl.build import parse_recipe
 from poise_trl.plan import (
     GIB,
     ModelShape,
@@ -31,7 +30,7 @@ from poise_trl.plan import (
     sharding_from_accelerate_config,
     sharding_from_environment,
 )
-from poise_trl.recipe import RecipeError, load_recipe
+from poise_trl.recipe import RecipeError, load_recipe, parse_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_RECIPES = sorted((REPO / "recipes" / "gpu").glob("*.yaml"))
@@ -152,7 +151,8 @@ def test_every_gpu_recipe_fits_80gb_cards_with_the_launch_it_states(path, monkey
     recipe = load_recipe(path)
     assert recipe.get("gpus") and recipe.get("accelerate_config"), f"{path.name} must state gpus and accelerate_config"
     sharding = sharding_from_accelerate_config(REPO / recipe["accelerate_config"])
-    plan = plan_recipe(recipe, gpus=recipe["gpus"], sharding=sharding, gpu_bytes=parse_memory("80GB"))
+    plan = plan_recipe(parse_recipe(recipe), gpus=recipe["gpus"], sharding=sharding,
+                       gpu_bytes=parse_memory("80GB"))
     assert plan.fits, plan.verdict()
 
 
@@ -160,7 +160,7 @@ def test_sharding_divides_weights_gradients_and_optimizer_by_the_gpu_count():
     recipe = load_recipe(REPO / "recipes" / "gpu" / "poise_qwen3-4b.yaml")
     items = {}
     for kind, gpus in (("ddp", 4), ("zero2", 4), ("zero3", 4), ("fsdp2", 4)):
-        plan = plan_recipe(recipe, gpus=gpus, sharding=Sharding(kind, "bf16"))
+        plan = plan_recipe(parse_recipe(recipe), gpus=gpus, sharding=Sharding(kind, "bf16"))
         items[kind] = {item.name: item.bytes for item in plan.items}
     params = 4_022_468_096  # Qwen3-4B, counted from its config on the meta device
     assert items["zero2"]["optimizer state"] == pytest.approx(12 * params / 4, rel=1e-6)
@@ -177,7 +177,8 @@ def test_gradient_checkpointing_and_micro_batch_shrink_activations():
     act = {}
     for checkpointing in (True, False):
         for rows in (64, 8):
-            plan = plan_recipe({**recipe, "gradient_checkpointing": checkpointing, "per_device_train_batch_size": rows})
+            plan = plan_recipe(parse_recipe({**recipe, "gradient_checkpointing": checkpointing,
+                                              "per_device_train_batch_size": rows}))
             act[checkpointing, rows] = next(i.bytes for i in plan.items if i.name == "activations")
     assert act[True, 64] == pytest.approx(8 * act[True, 8], rel=1e-6)
     assert act[False, 64] > 5 * act[True, 64]
@@ -185,10 +186,11 @@ def test_gradient_checkpointing_and_micro_batch_shrink_activations():
 
 def test_a_plan_that_does_not_fit_names_the_changes_that_make_it_fit():
     recipe = load_recipe(REPO / "recipes" / "gpu" / "poise_qwen3-4b.yaml")
-    plan = plan_recipe({**recipe, "per_device_train_batch_size": 64}, gpus=1)
+    plan = plan_recipe(parse_recipe({**recipe, "per_device_train_batch_size": 64}), gpus=1)
     assert not plan.fits and plan.suggestions
     assert "does NOT fit" in plan.verdict()
-    fixed = plan_recipe({**recipe, "per_device_train_batch_size": 64}, gpus=8, sharding=Sharding("zero3", "bf16"))
+    fixed = plan_recipe(parse_recipe({**recipe, "per_device_train_batch_size": 64}), gpus=8,
+                        sharding=Sharding("zero3", "bf16"))
     assert fixed.total < plan.total
 
 

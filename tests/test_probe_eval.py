@@ -49,8 +49,7 @@ def sampler_calls(monkeypatch) -> list[dict]:
         return real(engine, *args, **kwargs)
 
     monkeypatch.setattr(TransformersEngine, "sample", counting)
-    monkeypatch.setattr(pe, "grade_batch", lambda pairs: [hash_coin(text) for text, _ in pairs])
-    # Task rows are graded by their verifier (tasks.score_rows), never by the math grader.
+    # Every row is graded through tasks.score_rows (a math row by the math family's verifier).
     monkeypatch.setattr(pe, "score_rows", lambda texts, tasks, verifiers: [float(hash_coin(t)) for t in texts])
     return calls
 
@@ -94,6 +93,29 @@ def test_metrics_match_hand_computed_values():
     assert math.isnan(metrics.brier_skill(pred, const)) and math.isnan(metrics.value_metrics(pred, const)["pearson"])
     assert math.isnan(metrics.auroc(pred, torch.ones(4, dtype=torch.bool)))
     assert all(math.isnan(x) for x in metrics.pearson_ci95(0.9, 3))
+
+
+def test_correctness_metrics_match_hand_computed_values():
+    pred, right = torch.tensor([0.1, 0.15, 0.8, 0.9, 0.7]), torch.tensor([False, True, True, True, False])
+    m = metrics.correctness_metrics(pred, right)
+    assert m["auroc"] == pytest.approx(5 / 6)  # 0.15 ranks under 0.7; every other right-wrong pair in order
+    assert m["brier"] == pytest.approx((0.01 + 0.7225 + 0.04 + 0.01 + 0.49) / 5)
+    # bins of width 0.1: {0.1, 0.15} 1 of 2 right (gap 0.375, 2 rows), 0.7 wrong, 0.8 and 0.9 right
+    assert m["ece"] == pytest.approx((2 * 0.375 + 0.7 + 0.2 + 0.1) / 5)
+    assert m["share_right"] == pytest.approx(0.6)
+    # predictions outside [0, 1] are clipped before Brier and ECE (a ridge probe can overshoot)
+    assert metrics.correctness_metrics(torch.tensor([1.3, -0.2]), torch.tensor([True, False])) == {
+        "auroc": 1.0, "brier": 0.0, "ece": 0.0, "share_right": 0.5}
+
+
+def test_auroc_difference_resolves_a_better_predictor_and_not_a_tie():
+    n, generator = 4, torch.Generator().manual_seed(0)
+    rewards = (torch.rand(40 * n, generator=generator) < 0.4).float()
+    noise = torch.rand(40 * n, generator=generator)
+    better = pe.auroc_difference(rewards + 0.5 * noise, noise, rewards, n, n_boot=300)
+    assert better["diff"] > 0.3 and better["ci95"][0] > 0
+    tie = pe.auroc_difference(noise, torch.rand(40 * n, generator=generator), rewards, n, n_boot=300)
+    assert tie["ci95"][0] < 0 < tie["ci95"][1]
 
 
 def test_paired_bootstrap_interval_contains_the_difference():
@@ -178,7 +200,10 @@ def test_transfer_fits_on_one_task_and_scores_every_task():
     settings = pe.ProbeEvalSettings(model="m", dataset="d", n_samples=n, ridge_alpha=1.0)
     empirical = pe.per_prompt_mean(rewards[pe.rollout_rows(heldout, n)], n)
     pooled_mean = float(rewards[pe.rollout_rows(train, n)].mean())
-    predictions = {"constant": torch.full((len(heldout),), pooled_mean), "oracle": empirical.clone()}
+    # per held-out rollout: the pooled mean, its prompt's Avg@n ("value_model"), its own reward ("probe")
+    predictions = {"constant": torch.full((len(heldout) * n,), pooled_mean),
+                   "value_model": empirical.repeat_interleave(n),
+                   "probe": rewards[pe.rollout_rows(heldout, n)]}
     by_task, transfer = pe.evaluate_by_task(features, rewards, tasks, train, heldout, predictions, empirical, n,
                                             settings)
 
@@ -201,8 +226,17 @@ def test_transfer_fits_on_one_task_and_scores_every_task():
     up = by_task["up"]
     mine = [p for p in heldout if tasks[p] == "up"]
     assert (up["train_prompts"], up["heldout_prompts"]) == (11, len(mine)) == (11, 5)
-    assert set(up["estimators"]) == {"constant", "oracle", "task_mean", "probe_task_only"}
-    assert up["estimators"]["oracle"]["mae"] == 0 and up["estimators"]["probe_task_only"]["pearson"] == up_up
+    assert set(up["estimators"]) == {"constant", "value_model", "probe", "task_mean", "probe_task_only"}
+    assert up["estimators"]["value_model"]["mae"] == 0
+    assert up["estimators"]["probe_task_only"]["pearson"] == up_up
+    # per rollout: the rollout's own reward is a perfect, calibrated predictor; a constant ranks nothing
+    assert up["estimators"]["probe"]["correctness"] | {"share_right": 0} == {"auroc": 1, "brier": 0, "ece": 0,
+                                                                             "share_right": 0}
+    assert up["estimators"]["constant"]["correctness"]["auroc"] == 0.5
+    assert 0.5 < up["estimators"]["value_model"]["correctness"]["auroc"] < 1  # a prompt's rollouts tie
+    difference = up["probe_minus_value_model"]["auroc"]
+    assert difference["diff"] == pytest.approx(1 - up["estimators"]["value_model"]["correctness"]["auroc"])
+    assert transfer["auroc"][1][1] == up["estimators"]["probe_task_only"]["correctness"]["auroc"] > 0.5
     own_mean = float(rewards[pe.rollout_rows([p for p in train if tasks[p] == "up"], n)].mean())
     up_empirical = pe.per_prompt_mean(rewards[pe.rollout_rows(mine, n)], n)
     assert up["estimators"]["task_mean"]["mae"] == pytest.approx(float((up_empirical - own_mean).abs().mean()))
@@ -211,7 +245,7 @@ def test_transfer_fits_on_one_task_and_scores_every_task():
 
 
 def test_probe_dims_keep_the_spec_at_the_reference_buffer_and_shrink_below():
-    assert pe.probe_dims(32, 64, train_prompts=2048, train_rows=4096) == (32, 64)  # poise-spec's buffer
+    assert pe.probe_dims(32, 64, train_prompts=2048, train_rows=4096) == (32, 64)  # the reference buffer
     assert pe.probe_dims(32, 64, train_prompts=140, train_rows=1120) == (2, 17)  # toy-arith, 8 rollouts
     assert pe.probe_dims(32, 64, train_prompts=6, train_rows=12) == (1, 1)
     assert pe.probe_dims(8, 16, train_prompts=10_000, train_rows=80_000) == (8, 16)  # never above the request
@@ -233,6 +267,8 @@ def test_pipeline_report_and_cache(tmp_path, toy_file, tiny_random_model_dir, sa
     assert len(sampler_calls) == 1 and report["cache"]["rollouts"] == "sampled"
     assert report["cache"]["feature_blocks_computed"] == [0, 1]  # main block 0.55 -> 1, sweep block 0
     assert set(report["estimators"]) == {"constant", "probe", "probe_prompt_only", "probe_no_entropy", "value_model"}
+    assert set(report["estimators"]["probe"]["correctness"]) == {"auroc", "brier", "ece", "share_right"}
+    assert set(report["probe_minus_value_model"]) == {"pearson", "mae", "auroc"}
     assert (out / "report.json").is_file() and all(Path(p).is_file() for p in report["plots"].values())
 
     # The split in the report is by prompt, and the numbers agree with the cached rollouts.
@@ -316,6 +352,7 @@ def test_cli_on_a_task_mix_prints_per_task_and_transfer_tables(tmp_path, tiny_ra
                          "--no-progress")
     assert result.exit_code == 0, output
     assert "per task" in output and "transfer" in output and "task-only" in output
+    assert "rollout AUROC" in output
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["split"] == "test"  # a task's held-out rows, as in `poise bench`
     assert set(report["by_task"]) == {CHAIN_SUM, LEG_COUNTING}

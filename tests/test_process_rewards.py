@@ -1,4 +1,4 @@
-"""Training-free process rewards (seed 002): segmentation, V(prefix), placement, and that the
+"""Training-free process rewards: segmentation, V(prefix), placement, and that the
 (B, T) advantages reach TRL's loss intact, for GRPO, RLOO, REINFORCE++ and POISE."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_word_markers_start_an_episode_and_match_whole_words():
     pieces = ["I", " think", ".", " Wait", ",", " Some", " So", " x"]
     # " Wait" (token 3) and " So" (token 6) start episodes; "Some" is not "So"
     assert episode_boundaries(pieces, ["Wait", "So"], 100) == [3, 6]
-    # seed 002's markers with trailing punctuation/space work as literals
+    # the process-rewards post's markers with trailing punctuation/space work as literals
     assert episode_boundaries(pieces, ["Wait,", "So "], 100) == [3, 6]
 
 
@@ -171,7 +171,7 @@ def test_process_advantages_vary_within_rows_and_reach_the_loss_intact(tmp_path,
     generated, seen = trainer.generated[0], trainer.seen[0]
     adv, ids = generated["advantages"], generated["completion_ids"]
     assert adv.dim() == 2 and adv.shape == ids.shape
-    # seed 002, check 1: advantages vary within a sequence
+    # process-rewards post, check 1: advantages vary within a sequence
     mask = ids != trainer.processing_class.pad_token_id
     spread = torch.where(mask, adv, -torch.inf).amax(1) - torch.where(mask, adv, torch.inf).amin(1)
     assert (spread > 1e-6).any()

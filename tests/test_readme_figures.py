@@ -1,10 +1,10 @@
-"""Every measured figure in README.md comes from a committed artefact under benchmarks/results/.
+"""Every measured figure in README.md and docs/*.md comes from a committed artefact under benchmarks/results/.
 
 A figure is the number written right before a marker, `0.800<!--fig:ARTEFACT#QUERY;option=value-->`
-(syntax in benchmarks/README.md). The check reads the README, resolves each marker's query in its
-artefact and compares the printed number with the artefact's value rounded to the printed number
-of decimals. benchmarks/README.md indexes the artefacts: each marker's artefact is in its figure
-index, each indexed artefact is quoted by a marker, and every JSON/CSV file under
+(syntax in benchmarks/README.md). The check reads README.md and every docs page, resolves each
+marker's query in its artefact and compares the printed number with the artefact's value rounded to
+the printed number of decimals. benchmarks/README.md indexes the artefacts: each marker's artefact is
+in its figure index, each indexed artefact is quoted by a marker, and every JSON/CSV file under
 benchmarks/results/ is in the index or in its supporting-data table.
 """
 
@@ -187,9 +187,21 @@ def artefacts_on_disk() -> set[str]:
 FIGURE_INDEX, SUPPORTING = "Figure index", "Supporting data"
 
 
+def figure_documents() -> dict[str, str]:
+    """README.md and every docs page, by repository-relative path: the places a figure may be quoted."""
+    paths = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    return {str(path.relative_to(REPO_ROOT)): path.read_text() for path in paths}
+
+
 @pytest.fixture(scope="module")
-def readme() -> str:
-    return (REPO_ROOT / "README.md").read_text()
+def documents() -> dict[str, str]:
+    return figure_documents()
+
+
+@pytest.fixture(scope="module")
+def readme(documents) -> str:
+    """All documents' text together (markers never span two files)."""
+    return "\n".join(documents.values())
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +209,15 @@ def index() -> dict[str, set[str]]:
     return index_tables((REPO_ROOT / "benchmarks" / "README.md").read_text())
 
 
-def test_every_readme_figure_matches_its_artefact(readme):
-    assert len(readme_markers(readme)) > 100, "README.md lost its figure markers"
-    assert check_figures(readme) == []
+def test_every_figure_matches_its_artefact(documents):
+    assert sum(len(readme_markers(text)) for text in documents.values()) > 100, "the docs lost their figure markers"
+    problems = [f"{name}: {problem}" for name, text in documents.items() for problem in check_figures(text)]
+    assert problems == []
+
+
+def test_docs_pages_are_read(documents):
+    """A figure moved from README.md to a docs page is still checked."""
+    assert "docs/measurements.md" in documents and readme_markers(documents["docs/measurements.md"])
 
 
 def test_a_changed_artefact_value_fails_the_check(readme):
@@ -247,8 +265,8 @@ def test_malformed_markers_are_reported_not_skipped():
 def test_every_marked_artefact_is_indexed_and_every_indexed_artefact_is_quoted(readme, index):
     indexed, supporting = index.get(FIGURE_INDEX, set()), index.get(SUPPORTING, set())
     marked = marked_artefacts(readme)
-    assert marked - indexed == set(), "README quotes artefacts missing from benchmarks/README.md's figure index"
-    assert indexed - marked == set(), "indexed artefacts no README figure quotes: move them to supporting data"
+    assert marked - indexed == set(), "the docs quote artefacts missing from benchmarks/README.md's figure index"
+    assert indexed - marked == set(), "indexed artefacts no figure in the docs quotes: move them to supporting data"
     assert indexed & supporting == set()
 
 

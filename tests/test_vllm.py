@@ -17,7 +17,7 @@ from poise_trl.generation import vllm_import_error
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (README: 'Install')"),
+    pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (docs/install.md)"),
 ]
 
 # Small enough for seconds per step on a CPU, large enough that every group has both rollouts.
@@ -105,7 +105,7 @@ def test_other_algorithms_train_through_colocate(tmp_path, recipe):
 def test_bench_through_vllm_agrees_with_transformers(tmp_path):
     """`poise bench` on the CPU engine: the summary names it, and its Avg@n agrees with the
     transformers engine's on the same problems within sampling error."""
-    common = ["bench", "toy-arith", "--model", "data/tiny-qwen3", "--n", "4", "--limit", "100",
+    common = ["bench", "toy-arith", "--model", "data/tiny-qwen3", "--n-samples", "4", "--limit", "100",
               "--temperature", "1.0", "--top-p", "1.0", "--no-progress"]
     poise_cli(*common, "-o", tmp_path / "vllm")
     poise_cli(*common, "--engine", "transformers", "-o", tmp_path / "hf")

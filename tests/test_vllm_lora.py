@@ -22,7 +22,7 @@ from poise_trl.generation import vllm_import_error
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (README: 'Install')"),
+    pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (docs/install.md)"),
 ]
 
 SEQUENCE_TEXT = "12+34=<think>4+2=6</think>46"  # a fixed prompt + completion to score

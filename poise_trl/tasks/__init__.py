@@ -1,28 +1,11 @@
 """Task families: where a run's prompts come from and how each completion is rewarded.
 
-A task family is one module in this folder that defines `TASK = TaskFamily(...)`:
-- `build_rows(variant, config, split, size, seed)` -> rows, each a dict with
-  `id` (str, unique within the family and variant), `prompt` (a list of chat messages),
-  `answer` (str: the gold, for display and for the math grader) and `verifier` (a JSON-serialisable
-  dict: whatever `score` needs, e.g. a reasoning-gym entry, HumanEval's tests, BFCL's possible answers);
-- `score(completion_text, verifier)` -> a reward in [0, 1];
-- optionally `score_batch(completion_texts, verifiers)` -> list of rewards, where a family grades many
-  completions faster together (a process pool, a sandbox pool).
-
-`split` is "train" or "test": generated families draw the test split from another seed and drop any
-question the train split holds; fixed sets (HumanEval, BFCL) partition by a stable hash of the row id.
-`variant` is the part after the colon in a task name (`reasoning-gym:leg_counting`), None without one.
-
-The registration line of a family is its entry in `FAMILIES` (the module is imported on first use, so a
-family's heavy dependencies load only when a run names it).
-
-A dataset may also be a task mix, a list of entries (`mix_rows`): each a task name or a mapping
-`{name, weight, size, seed, config}`; the rows of every entry's task, concatenated and shuffled, each
-keeping its `task` column so that the `task` reward routes it.
-
-Non-math families share one answer rule (`extract_tagged_answer`): the answer is the text inside the last
-`<answer>...</answer>` after the last `</think>`; a completion that opened `<think>` and never closed it
-has no answer.
+A family is one module here defining `TASK = TaskFamily(...)` with `build_rows(variant, config, split,
+size, seed)` (rows with `id`, `prompt`, `answer`, `verifier`) and `score(completion_text, verifier)` (a
+reward in [0, 1]; optionally `score_batch`). Its registration line is its entry in `FAMILIES` (imported on
+first use). A dataset may also be a task mix (`mix_rows`), whose rows keep their `task` column so the
+`task` reward routes them. Non-math families share one answer rule (`extract_tagged_answer`). Row layout,
+splits and each family: docs/tasks.md ("Task family reference").
 """
 
 from __future__ import annotations
@@ -32,27 +15,17 @@ import importlib
 import json
 import math
 import random
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import datasets
+import yaml
 
-class TaskError(ValueError):
-    """A task name, variant or config key the user must fix; the message says how."""
-
-
-@dataclass(frozen=True)
-class TaskFamily:
-    name: str
-    description: str
-    answer_format: str  # what the prompts ask the model to write, e.g. "<answer>...</answer>"
-    build_rows: Callable[[str | None, dict, str, int | None, int], list[dict]]
-    score: Callable[[str, dict], float]
-    score_batch: Callable[[list[str], list[dict]], list[float]] | None = None
-    config_keys: frozenset[str] = frozenset()  # keys a recipe's task_config may give this family
-    variants: Callable[[], list[str]] | None = None  # the names after the colon, for suggestions
-
+# The module, read at call time: prompts imports tasks.math_grader, which runs this package first, so
+# `from poise_trl.prompts import ...` fails where prompts is imported before tasks (until prompts moves in).
+from poise_trl import prompts
+from poise_trl.tasks.family import TaskError, TaskFamily
 
 # family name -> module defining TASK; one line per family.
 FAMILIES: dict[str, str] = {
@@ -78,28 +51,6 @@ def get_family(name: str) -> TaskFamily:
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise TaskError(f"unknown task {name!r}{hint} (task families: {', '.join(sorted(FAMILIES))})")
     return importlib.import_module(FAMILIES[family]).TASK
-
-
-_THINK_CLOSE = "</think>"
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-def answer_part(text: str) -> str | None:
-    """What the completion says after its thinking: the text after the last `</think>`, all of it without
-    one; None when it opened `<think>` and never closed it (cut off mid-thought)."""
-    if _THINK_CLOSE in text:
-        return text.rsplit(_THINK_CLOSE, 1)[1]
-    return None if "<think>" in text else text
-
-
-def extract_tagged_answer(text: str) -> str | None:
-    """The stripped text of the last `<answer>...</answer>` of the answer part (`answer_part`); None if there
-    is none."""
-    text = answer_part(text)
-    if text is None:
-        return None
-    found = _ANSWER_RE.findall(text)
-    return found[-1].strip() if found else None
 
 
 def is_task(source) -> bool:
@@ -239,8 +190,10 @@ def by_task_means(tasks: Sequence[str], values: Sequence[float | None]) -> dict[
     return {task: sum(group) / len(group) for task, group in sorted(groups.items())}
 
 
-def score_rows(texts: Sequence[str], tasks: Sequence[str], verifiers: Sequence[str]) -> list[float]:
-    """Each completion text scored by its row's family, families batched together."""
+def score_rows(texts: Sequence[str], tasks: Sequence[str], verifiers: Sequence[str],
+               verdicts: dict[str, dict[str, int]] | None = None) -> list[float]:
+    """Each completion text scored by its row's family, families batched together; `verdicts` gets, per task
+    whose family gives verdicts, how many completions ended in each."""
     rewards = [0.0] * len(texts)
     by_task: dict[str, list[int]] = {}
     for i, name in enumerate(tasks):
@@ -249,7 +202,11 @@ def score_rows(texts: Sequence[str], tasks: Sequence[str], verifiers: Sequence[s
         family = get_family(name)
         row_texts = [texts[i] for i in rows]
         row_verifiers = [json.loads(verifiers[i]) for i in rows]
-        if family.score_batch is not None:
+        if family.grade_batch is not None:
+            scores, ends = zip(*family.grade_batch(row_texts, row_verifiers), strict=True)
+            if verdicts is not None:
+                verdicts[name] = {verdict: ends.count(verdict) for verdict in family.verdicts}
+        elif family.score_batch is not None:
             scores = family.score_batch(row_texts, row_verifiers)
         else:
             scores = [family.score(text, verifier) for text, verifier in zip(row_texts, row_verifiers, strict=True)]
@@ -258,9 +215,16 @@ def score_rows(texts: Sequence[str], tasks: Sequence[str], verifiers: Sequence[s
     return rewards
 
 
-def task_reward(completions, task, verifier, **kwargs) -> list[float]:
-    """TRL reward function (recipe name `task`): each row's own verifier, by its `task` column."""
-    return score_rows([completion_text(c) for c in completions], task, verifier)
+def task_reward(completions, task, verifier, log_metric=None, **kwargs) -> list[float]:
+    """TRL reward function (recipe name `task`): each row's own verifier, by its `task` column. Logs
+    `rewards/<task>/verdicts/<verdict>`: how many of the batch's completions ended so (code tasks)."""
+    verdicts = {}
+    rewards = score_rows([completion_text(c) for c in completions], task, verifier, verdicts)
+    for name, counts in verdicts.items():
+        for verdict, count in counts.items():
+            if log_metric is not None:
+                log_metric(f"rewards/{name}/verdicts/{verdict}", count)
+    return rewards
 
 
 def completion_text(completion) -> str:
@@ -303,8 +267,6 @@ def resolve_dataset(dataset: str | list, option: str = "--dataset") -> str | lis
 
 def read_mix_file(path: Path, option: str = "--dataset") -> list:
     """The `dataset:` list of a YAML file (a recipe's mix: task names or {name, weight, size, seed, config})."""
-    import yaml
-
     if not path.is_file():
         raise TaskError(f"{option} {path}: no such mix file")
     try:
@@ -316,3 +278,55 @@ def read_mix_file(path: Path, option: str = "--dataset") -> list:
         raise TaskError(f"{option} {path} has no `dataset:` list; give one, e.g. dataset: "
                         "[reasoning-gym:leg_counting, {name: reasoning-gym:chain_sum, weight: 2}]")
     return mix
+
+
+def refuse_near_miss(name: str) -> None:
+    """Refuse a dataset name that is no file and no registered dataset but one typo from one (`toy-arithh`),
+    or names an unknown family before a colon, with the names it resembles: before any hub lookup, which
+    offline would only answer with a network error. Hub ids are owner/name."""
+    if "/" in name or name in prompts.DATASETS or Path(name).exists():
+        return
+    if ":" in name:
+        get_family(name)  # an unknown family: one line with the closest ones
+    close = difflib.get_close_matches(name, [*prompts.DATASETS, *FAMILIES], n=3, cutoff=0.75)
+    if close:
+        raise TaskError(f"unknown dataset {name!r}; did you mean {' or '.join(map(repr, close))}? (a hub "
+                        "dataset is written owner/name)")
+
+
+def load_prompt_dataset(source: str | Path | list, split: str | None = None, columns: dict[str, str] | None = None,
+                        prompt_suffix: str | None = None, system_prompt: str | None = None,
+                        limit: int | None = None, seed: int = 0, config: str | None = None,
+                        column_option: str | None = None,
+                        task_config: dict | None = None) -> datasets.Dataset:
+    """Any dataset a recipe or a command names, as prompt rows. A task name (`reasoning-gym:leg_counting`)
+    gives that family's rows for `split` ("test", "all" for a fixed set's every row, else train), `limit` of
+    them, seeded by `seed`, with `task_config` as the family's config; a list is a task mix (`mix_rows`):
+    `limit` rows in all, shared by the entries' weights. Anything else is a math dataset
+    (`prompts.load_math_dataset`, which documents the other arguments)."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be positive, got {limit}")
+    if isinstance(source, (list, tuple)):  # a task mix: each entry names its own config
+        if task_config:
+            raise TaskError("task_config sets one task's keys; in a task mix give each entry its own config: "
+                            "{name: <task>, config: {...}}")
+        mix_split = "test" if split == "test" else "train"
+        return datasets.Dataset.from_list(mix_rows(source, mix_split, limit, seed))
+    if is_task(str(source)):  # rows and verifiers come from the task family
+        task_split = split if split in ("test", "all") else "train"  # `all`: a fixed set whole (bfcl, ...)
+        return datasets.Dataset.from_list(task_rows(str(source), task_split, limit, seed, task_config))
+    refuse_near_miss(str(source))
+    options = {} if column_option is None else {"column_option": column_option}
+    return prompts.load_math_dataset(source, split, columns, prompt_suffix, system_prompt, limit, seed, config,
+                                     **options)
+
+
+def row_verifiers(rows) -> tuple[list[str], list[str]]:
+    """Each row's task and verifier (JSON), for a `datasets.Dataset` or a list of its rows: a task row's own;
+    a math dataset's row is the math family's (`math_sets`), graded against its `answer` as the
+    `math_accuracy` reward grades it."""
+    if isinstance(rows, datasets.Dataset):
+        rows = rows.select_columns([c for c in ("task", "verifier", "answer") if c in rows.column_names])
+        rows = rows.to_list()
+    return ([row.get("task", "math") for row in rows],
+            [row["verifier"] if "task" in row else json.dumps({"answer": row["answer"]}) for row in rows])

@@ -1,26 +1,10 @@
 """BFCL: the Berkeley Function Calling Leaderboard's single-turn Python categories (v4 data).
 
-Task `bfcl` takes all four categories, `bfcl:simple`, `bfcl:multiple`, `bfcl:parallel` and
-`bfcl:parallel_multiple` one each (1000 questions in all: 400, 200, 200, 200). The questions and their
-possible answers are read from the data files bundled in the `bfcl-eval` package, offline
-(`pip install --no-deps bfcl-eval==2026.3.23`: the data needs nothing else).
-
-Prompt: a system message listing the functions as JSON tools inside `<tools></tools>` and asking for
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (the Hermes convention of Qwen's chat
-template), then the user's question. A completion's calls are its `<tool_call>` blocks after the last
-`</think>`, or, without blocks, a JSON list of such objects.
-
-Reward (1 or 0): BFCL's AST rule, reimplemented here because bfcl-eval's own checker imports every model
-handler of the package (the OpenAI, Anthropic, Cohere, Google... clients): as many calls as the possible
-answer has, each matched (in any order) to an expected call by function name, required parameters present,
-no parameter the function or the answer lacks, every value of the right type and among the possible values
-(strings compared without case, spaces and `,./-_*^`; ints accepted for floats; lists and dicts compared
-item by item), and every parameter left out marked optional ("" among its possible values). Parallel calls
-are matched one to one in any order; BFCL pairs them greedily in the answer's order, which rejects some
-reorderings of right calls (parallel_178: an expected call that accepts two companies takes the call
-another one needs), so here a call set passes when any pairing works.
-
-Split: a stable hash of the question id puts about a fifth of each category in `test`.
+`bfcl` takes all four categories, `bfcl:simple`, `bfcl:multiple`, `bfcl:parallel`, `bfcl:parallel_multiple`
+one each, read offline from the data bundled in `bfcl-eval`. Functions are JSON tools in the system prompt
+(Qwen's Hermes convention); calls are read from `<tool_call>` blocks after the last `</think>`. Reward 1
+or 0 by BFCL's AST rule, reimplemented (bfcl-eval's checker imports every model client), with parallel
+calls passing when any one-to-one pairing works. Details: docs/tasks.md ("BFCL").
 """
 
 from __future__ import annotations
@@ -31,7 +15,7 @@ import random
 import re
 from importlib import resources
 
-from poise_trl.tasks import TaskError, TaskFamily, answer_part
+from poise_trl.tasks.family import TaskError, TaskFamily, answer_part
 
 # variant -> the category's name in BFCL's file names
 CATEGORIES = {
@@ -65,7 +49,6 @@ _PYTHON_TYPES = {
     "dict": dict,
     "any": str,
 }
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 # BFCL forgives case, spacing and this punctuation in strings ("April 1, 2024" == "april 1 2024").
 _IGNORED_IN_STRINGS_RE = re.compile(r"[ ,./\-_*^]")
 
@@ -101,8 +84,9 @@ def _json_schema(node):
 
 
 def tools_system_prompt(functions: list[dict]) -> str:
+    """The tools section as Qwen3's chat template renders `tools=`: its `tojson` keeps non-ASCII text (x²)."""
     tools = [{"type": "function", "function": _json_schema(function)} for function in functions]
-    return SYSTEM_PROMPT.format(tools="\n".join(json.dumps(tool) for tool in tools))
+    return SYSTEM_PROMPT.format(tools="\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools))
 
 
 def _first_choice(option):
@@ -184,8 +168,18 @@ def build_rows(variant: str | None, config: dict, split: str, size: int | None, 
 def _loads(text: str):
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # JSON nested deeper than the interpreter's stack
         return None
+
+
+def _tool_call_blocks(text: str) -> list[str]:
+    """The text inside each `<tool_call>...</tool_call>`, in one pass: a lazy regex would rescan the rest
+    of the text from every unclosed tag (quadratic on a million of them)."""
+    blocks, at = [], 0
+    while (start := text.find("<tool_call>", at)) >= 0 and (end := text.find("</tool_call>", start)) >= 0:
+        blocks.append(text[start + len("<tool_call>"):end])
+        at = end + len("</tool_call>")
+    return blocks
 
 
 def parse_tool_calls(text: str) -> list[dict] | None:
@@ -194,7 +188,7 @@ def parse_tool_calls(text: str) -> list[dict] | None:
     text = answer_part(text)
     if text is None:
         return None
-    blocks = _TOOL_CALL_RE.findall(text)
+    blocks = _tool_call_blocks(text)
     if blocks:
         raw = [_loads(block) for block in blocks]
     else:

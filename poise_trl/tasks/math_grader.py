@@ -1,23 +1,10 @@
 """Math answers: find the final answer in a completion and grade it with math-verify.
 
-A completion is graded on its *answer part*: the text after the last `</think>`, or the whole text when
-the model does not think out loud. A completion that opened `<think>` and never closed it was cut off
-mid-thought and scores 0. Inside the answer part the last `\\boxed{...}` is the answer (together with the
-boxes before it that belong to the same answer, `x = \\boxed{3}, y = \\boxed{4}`, also tried as one tuple),
-unless a "Final Answer: ..." line follows it; when there is no box at all, the text after the last
-"final answer" / "the answer is" cue, else the end of the text, goes to math-verify's own extraction,
-so a bare `70` still counts.
-
-Before math-verify sees them, numbers are put in one form on both sides: scientific notation
-(`4.5e33`, `8.7\\times10^{8}`) becomes a plain decimal, LaTeX thousands separators (`10\\,000`) go.
-Next to a plain number, a comma that cannot separate thousands (`1,22`) is a decimal comma.
-Gold answers are normalised once (`normalize_gold_answer`, also called by the dataset loader). A gold
-may list alternatives, any one of which is right: a list, or in a dataset's string column a JSON list of
-strings (`["353", "352"]`, written by `join_alternatives`).
-
-Grading runs in persistent worker processes (`worker_pool`): a long big-integer evaluation cannot be
-interrupted inside a thread, but a process can be killed. A grade that overruns `timeout_seconds` is False,
-its worker is killed and replaced, and the caller never waits on it longer than that.
+The answer part is the text after the last `</think>` (an unclosed `<think>` scores 0); in it the last
+`\\boxed{...}` (with the boxes of the same answer), else the text after a "final answer" cue, else the end
+of the text goes to math-verify, after numbers are put in one form on both sides. Golds may list
+alternatives. Grading runs in killable worker processes (`worker_pool`), so a grade that overruns
+`timeout_seconds` is False and never blocks the caller longer. Details: docs/tasks.md ("Grading").
 """
 
 from __future__ import annotations
@@ -38,7 +25,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from math_verify.errors import TimeoutException
 from math_verify.utils import timeout as signal_timeout
 
-from poise_trl.tasks import answer_part
+from poise_trl.tasks.family import answer_part
 from poise_trl.tasks.worker_pool import WorkerPool, grade_in_workers
 
 # Cheap guards before math-verify: deeply nested brackets or long answers can keep sympy busy for the

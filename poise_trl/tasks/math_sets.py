@@ -9,19 +9,16 @@ split is its held-out split (toy-arith's shipped test file), `size` rows of it c
 
 from __future__ import annotations
 
-from poise_trl.tasks import TaskError, TaskFamily
+from poise_trl.prompts import DATASETS, held_out_split, load_math_dataset
+from poise_trl.tasks.family import TaskError, TaskFamily
 from poise_trl.tasks.math_grader import grade_batch, is_correct
 
 
 def registered() -> list[str]:
-    from poise_trl.prompts import DATASETS
-
     return sorted(DATASETS)
 
 
 def build_rows(variant: str | None, config: dict, split: str, size: int | None, seed: int) -> list[dict]:
-    from poise_trl.prompts import DATASETS, held_out_split, load_prompt_dataset
-
     if variant not in DATASETS:
         raise TaskError(f"unknown math dataset {variant!r} in task 'math:{variant}': give math:<name> with a "
                         f"registered dataset ({', '.join(registered())})")
@@ -32,9 +29,10 @@ def build_rows(variant: str | None, config: dict, split: str, size: int | None, 
         dataset_split = held_out_split(variant)
         if dataset_split is None:
             raise TaskError(f"math:{variant} has no held-out split: evaluate it on another dataset (eval_dataset)")
-    rows = load_prompt_dataset(variant, split=dataset_split, limit=size, seed=seed)
-    return [{"id": f"{variant}/{split}/{i}", "prompt": row["prompt"], "answer": row["answer"],
-             "verifier": {"answer": row["answer"]}} for i, row in enumerate(rows)]
+    rows = load_math_dataset(variant, split=dataset_split, limit=size, seed=seed)
+    own_id = next((c for c in ("id", "unique_id") if c in rows.column_names), None)  # AIME's, MATH-500's
+    return [{"id": str(row[own_id]) if own_id else f"{variant}/{split}/{i}", "prompt": row["prompt"],
+             "answer": row["answer"], "verifier": {"answer": row["answer"]}} for i, row in enumerate(rows)]
 
 
 def score(completion: str, verifier: dict) -> float:

@@ -1,28 +1,9 @@
 """`reasoning-gym:<generator>`: reasoning-gym's procedural generators, graded by their own verifiers.
 
-The variant names one generator (`reasoning-gym:leg_counting`); the task's config holds that generator's
-config fields (its config dataclass, less `size` and `seed`, which come from the task's size and seed),
-plus `system_prompt` (below). The rows of a split are exactly what
-`reasoning_gym.create_dataset(name, size=size, seed=seed, **config)` yields, so anyone can rebuild them
-outside the toolkit:
-- `id` is `<generator>/<seed>/<index>`; `answer` is the entry's answer as a string ("" for the
-  generators that accept many answers and keep none, e.g. graph_color);
-- `prompt` is a system message with one of reasoning-gym's own `SYSTEM_PROMPTS` (config key
-  `system_prompt`, default "DeepSeekZero": think inside `<think> </think>`, then answer inside
-  `<answer> </answer>`), then the entry's question as the user message;
-- `verifier` holds the generator name, the full `create_dataset` keyword arguments (config with size and
-  seed), the row's index and the entry made JSON-serialisable (tuples become lists, sets sorted lists,
-  numpy values plain numbers).
-
-The test split is drawn with seed + TEST_SEED_OFFSET: most generators seed row i with seed + i, so the
-two splits' rows come from different seeds for sizes under the offset. Any test row whose question is
-also a question of the train split of the same size and seed is dropped, so the test split may hold
-fewer rows than asked for. Without a size, train holds DEFAULT_TRAIN_SIZE rows and test
-DEFAULT_TEST_SIZE.
-
-The reward is the generator's own `score_answer` on the `<answer>` text (see `extract_tagged_answer`),
-clipped to [0, 1]. The generators listed in SCORED_ON_REGENERATED_ENTRY compare metadata tuples that a
-JSON round trip turns into lists; for those the entry is rebuilt from the verifier's name, config and index.
+A split's rows are exactly `reasoning_gym.create_dataset(name, size=size, seed=seed, **config)` (the test
+split from seed + TEST_SEED_OFFSET, questions of the train split dropped), with one of reasoning-gym's
+`SYSTEM_PROMPTS` as the system message. The reward is the generator's own `score_answer` on the
+`<answer>` text, clipped to [0, 1]. Details: docs/tasks.md ("reasoning-gym").
 """
 
 from __future__ import annotations
@@ -37,7 +18,7 @@ import reasoning_gym
 from reasoning_gym.factory import DATASETS
 from reasoning_gym.utils import SYSTEM_PROMPTS
 
-from poise_trl.tasks import TaskError, TaskFamily, extract_tagged_answer
+from poise_trl.tasks.family import TaskError, TaskFamily, extract_tagged_answer
 
 TEST_SEED_OFFSET = 1_000_000
 DEFAULT_TRAIN_SIZE = 1000

@@ -1,14 +1,10 @@
 """Grading in persistent worker processes that can be killed: a verifier stuck in one long C-level operation
 (a big-integer evaluation in sympy) cannot be interrupted inside a thread, but its process can.
 
-A `WorkerPool` serves one grading function, named `module:function` and called as `function(item,
-timeout_seconds)` in the worker. `grade_in_workers` sends a batch of items to one worker and reads one
-result per item as soon as it is known; an item that overruns its timeout gets the `overrun` result, its
-worker is killed and replaced, and the caller never waits on it longer than the timeout. Where no worker
-process can be started, items are graded in the calling process (`here`).
-
-Workers are fresh interpreters (`python -c`) rather than multiprocessing: spawn and forkserver re-run the
-caller's main script in the child, which a training script without a `__main__` guard cannot take.
+A `WorkerPool` serves one grading function (`module:function`, called as `function(item, timeout_seconds)`);
+an item that overruns its timeout gets the `overrun` result and its worker is replaced. Without worker
+processes, items are graded here. Workers are fresh interpreters (`python -c`), not multiprocessing, whose
+spawn would re-run a caller's main script that has no `__main__` guard.
 """
 
 from __future__ import annotations

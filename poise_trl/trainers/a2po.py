@@ -1,46 +1,12 @@
 """A*-PO (Brantley et al. 2025, arXiv:2505.20686; TRL's `trl.experimental.a2po.A2POTrainer`),
 counted on equal terms with the GRPO-based arms.
 
-TRL's trainer runs two stages:
-1. offline V* estimation, on the first `train()` call: `num_value_samples` completions of the
-   reference policy per train prompt, V*(x) = beta1 * log mean_i exp(r_i / beta1); prompts whose
-   samples are all wrong are dropped from the train set (`filter_all_incorrect`);
-2. on-policy regression: one completion per prompt per step, loss
-   (beta2 * log(pi/pi_ref)(y|x) - (r - V*(x)))^2.
-
-`CountingA2POTrainer` adds what `poise train` / `poise compare` read from every arm:
-
-- `generated_tokens` / `generated_rollouts`: completion tokens (up to and including the first
-  EOS, GRPO's convention) and completions of BOTH stages, summed over processes. Stage 1 is
-  generation compute like any other and counts in the budget; it is also logged once as
-  `a2po/stage1_tokens`, `a2po/stage1_rollouts`, `a2po/stage1_prompts_kept`,
-  `a2po/stage1_seconds`. Stage 1's seconds are added to `HeldOutEvalCallback`'s training
-  seconds and wall clock (it runs before the first step, where those clocks do not run).
-  Stage 1's tokens are counted from the sequences the reference model's `generate` returns
-  (wrapped during stage 1 only), stage 2's from the completions TRL hands to the loss.
-- Zero-signal accounting: `zero_signal_fraction` (per step, averaged over the logging window
-  like TRL's other metrics) is the fraction of the step's stage-2 rollouts whose regression
-  target r - V*(x) is 0: all reference samples of x were correct and r = 1 (or, with
-  `filter_all_incorrect: false`, all were wrong and r = 0). "0" up to 1e-6: V* = 1 comes out of
-  a float32 logsumexp. `zero_signal_rollouts` (cumulative, in every log entry) adds ALL stage-1
-  rollouts: they only estimate V* and carry no policy-gradient signal.
-- `policy_forward_passes`: forward passes of the policy in stage 2's `compute_loss` (training
-  only; the reference model's passes are not counted). `pending_logs`, merged into the next
-  training log entry, a no-op `create_model_card`, and per-task mean rewards
-  (`rewards/task/<task>/mean`, over this process's rows like TRL's A2PO `reward`), as in
-  `CountingGRPOTrainer`.
-- Budget: with a budget on `HeldOutEvalCallback`, stage 1 is checked when the trainer is
-  built (before `poise train` writes anything) where the answer is certain (rollouts; at least
-  one token per completion) and warned about where it may not fit (the max_completion_length
-  upper bound). A stage 1 that reaches the budget is a one-line error naming both numbers and
-  the fix (smaller dataset_size or num_value_samples): on one process at its first batch past
-  the budget, with an estimate for the whole stage; on several, after the stage (each process
-  knows only its own share until then). The callback stops stage 2.
-- Checkpoints: `A2PO_STATE_FILE` holds V*, the filtered train set's prompts (in order) and the
-  stage-1 counters. Resuming restores them before TRL's `train()` would run stage 1, so a
-  resumed run continues with the same V* and train set and never samples stage 1 again.
-
-Generation is transformers' `generate` (TRL's A2POTrainer has no vLLM path); LoRA is refused.
+`CountingA2POTrainer` adds what `poise train` / `poise compare` read from every arm: generated tokens
+and rollouts of BOTH stages (stage 1's V* sampling counts in the budget and is checked against it
+when the trainer is built), zero-signal shares, policy passes, per-task rewards, and checkpoints that
+hold V* and the filtered train set so a resumed run never samples stage 1 again. Transformers
+generation only (TRL's trainer has no vLLM path); LoRA is refused. Details: docs/algorithms.md
+("A*-PO").
 """
 
 from __future__ import annotations
@@ -54,6 +20,7 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
+from transformers.trainer_utils import get_last_checkpoint
 from trl.data_utils import maybe_apply_chat_template
 from trl.import_utils import suppress_experimental_warning
 
@@ -62,9 +29,9 @@ with suppress_experimental_warning():  # TRL's own imports of trl.experimental d
 
 from poise_trl.completions import CompletionTable
 from poise_trl.distributed import summed_over_processes
+from poise_trl.loading import RecipeError
 from poise_trl.provenance import write_json
-from poise_trl.recipe import RecipeError
-from poise_trl.trainers.base import TrainerContract, record_task_rewards, register_algorithm
+from poise_trl.trainers.base import Signal, TrainerContract, logged, record_task_rewards, register_algorithm
 
 A2PO_STATE_FILE = "a2po_state.json"
 ZERO_TARGET_TOLERANCE = 1e-6
@@ -137,9 +104,9 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
     # -- helpers ------------------------------------------------------------------------------------
 
     def _eval_callback(self):
-        from poise_trl.callbacks import HeldOutEvalCallback
-
-        return next((c for c in self.callback_handler.callbacks if isinstance(c, HeldOutEvalCallback)), None)
+        """The run's held-out evaluation, which holds the generation budget (`callbacks.HeldOutEvalCallback`;
+        found by its `budget`, so that this lower layer names nothing of the run assembly)."""
+        return next((c for c in self.callback_handler.callbacks if hasattr(c, "budget")), None)
 
     def _prompt_text(self, example) -> str:
         return maybe_apply_chat_template(example, self.processing_class)["prompt"]
@@ -317,14 +284,22 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
         # dataloader from the (filtered) train set before it loads anything from the checkpoint.
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
-            from transformers.trainer_utils import get_last_checkpoint
-
             checkpoint = get_last_checkpoint(self.args.output_dir)
         if checkpoint and self._optimal_values is None:
             self.restore_stage1(checkpoint)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
 
+def zero_signal_share(train_log: list[dict]) -> float | None:
+    """A run's zero-signal share with its stage-1 rollouts (V* estimation), which carry no policy-gradient
+    signal either."""
+    counted = [entry for entry in train_log if "zero_signal_rollouts" in entry]
+    return counted[-1]["zero_signal_rollouts"] / counted[-1]["generated_rollouts"] if counted else None
+
+
 register_algorithm("a2po", A2POArmConfig, CountingA2POTrainer, "A*-PO",
                    "A*-PO (TRL experimental): offline V* from reference samples, 1 rollout per prompt",
-                   card="A*-PO: optimal value V* estimated offline from reference samples, one rollout per prompt")
+                   card="A*-PO: optimal value V* estimated offline from reference samples, one rollout per prompt",
+                   signals={"zero_signal_fraction": Signal(
+                       "zero-signal rollouts (r - V* = 0)", "zero-signal", logged("zero_signal_fraction"),
+                       zero_signal_share)})

@@ -1,33 +1,12 @@
-"""AsyPPO (seed 001) and, with one critic, PPO and VAPO (seed 003): actor-critic on TRL's GRPOTrainer.
+"""AsyPPO (arXiv 2510.01656) and, with one critic, PPO and VAPO (arXiv 2504.05118) on GRPOTrainer.
 
-Flow of one generation round inside TRL's `_generate_and_score_completions` (before its
-shuffle, so prompt groups are whole; ../shared/docs/trl-notes.md):
-
-1. TRL generates `num_generations` responses per prompt and gathers the rewards.
-2. Every critic scores every local row: V_m(s_t), (M, B, T), as it stands BEFORE this
-   round's update. Outcome reward on the last valid token; the critics' targets are the
-   returns (lambda_critic = 1, VAPO's decoupled GAE) or GAE(lambda_critic) on these values.
-3. The critics are fitted on the round's targets with the group-level non-overlap division
-   (critic m sees its share of every prompt's responses, seed 001), gradients summed over ranks.
-4. V-bar for the policy's GAE, per `critic_values`: the values of step 2 (default, as PPO
-   computes values at rollout time: no advantage uses a critic fitted on the row's own
-   return), the refitted critics (seed 001's order: update, then V-bar) or, cross-fitted,
-   each row's value from the critics that did not train on it. V-bar = mean (or min) over
-   critics (seed 001, A-bar); token-level GAE with gamma and lambda_policy (constant, or
-   VAPO's length-adaptive 1 - 1/(alpha l)).
-5. Over the whole global batch: advantages whitened (optional), sigma_t = std over critics;
-   I^A zeroes the advantages of exactly the lowest-k sigma tokens, I^H drops exactly the
-   top-h from the entropy bonus (seed 001, Eq. J_PPO; ranks, ties in token order).
-6. TRL's clipped loss runs on the (B, T) advantages; `_compute_loss` adds the filtered
-   entropy bonus (1/|o|) sum_t I^H_t H_t per response and VAPO's positive-example NLL,
-   reusing TRL's own forward pass. During `value_warmup_steps` the actor takes no step at
-   all (VAPO's value pretraining).
-
-Diagnostics go to the training log (`critic/*`, `advantages/raw_std`, `asyppo/*`) and, at the
-end, to `critic_report.json` / `critic_values.png` (`poise_trl.critic_report`).
-
-`algo: ppo` (1 same-size critic, coupled lambda 0.95, sequence-mean loss) and `algo: vapo`
-(1 same-size critic plus VAPO's seven changes) are this trainer with other defaults.
+Inside TRL's `_generate_and_score_completions` (groups still whole): the critics score every row,
+are fitted on disjoint shares of each prompt's responses, and give V-bar (`critic_values`) for a
+token-level GAE; over the global batch, the lowest-disagreement tokens lose their advantage and the
+highest leave the entropy bonus. `_compute_loss` adds the filtered entropy bonus and VAPO's
+positive-example NLL to TRL's clipped loss; during value warm-up the actor takes no step.
+`algo: ppo` and `algo: vapo` are this trainer with other defaults. The flow step by step:
+docs/algorithms.md ("AsyPPO, PPO and VAPO"); reports: `critic_report.json`, `critic_values.png`.
 """
 
 from __future__ import annotations
@@ -42,7 +21,8 @@ from poise_trl import estimators
 from poise_trl.critic_report import CriticReportCallback
 from poise_trl.critics import STATE_FILE, CriticEnsemble
 from poise_trl.distributed import gather_padded
-from poise_trl.trainers.base import AdvantageTrainer, register_algorithm
+from poise_trl.loading import resolve_model_path
+from poise_trl.trainers.base import AdvantageTrainer, CompareTable, register_algorithm
 
 CRITICS_DIR = "critics"
 CRITIC_VALUES = ("before_update", "after_update", "cross_fit")
@@ -52,7 +32,7 @@ CRITIC_VALUES = ("before_update", "after_update", "cross_fit")
 class AsyPPOConfig(GRPOConfig):
     """GRPOConfig plus the critics, GAE, AsyPPO's masks and VAPO's options.
 
-    The class defaults are AsyPPO's (seed 001); `entropy_coef` (TRL's field) is the beta of
+    The class defaults are the AsyPPO paper's; `entropy_coef` (TRL's field) is the beta of
     AsyPPO's entropy term beta (1/|o|) sum_t I^H_t H_t, a per-response mean over the full
     length with the high-disagreement tokens left out of the sum.
     """
@@ -63,18 +43,18 @@ class AsyPPOConfig(GRPOConfig):
                           "(*ForTokenClassification, e.g. data/tiny-critic or checkpoint-N/critics/critic_0). "
                           "None: the actor's own model, i.e. a same-size critic (PPO, VAPO)."},
     )
-    num_critics: int = field(default=2, metadata={"help": "M mini-critics (seed 001: 2 is the sweet spot)."})
+    num_critics: int = field(default=2, metadata={"help": "M mini-critics (AsyPPO: 2 is the sweet spot)."})
     critic_aggregation: str = field(
-        default="mean", metadata={"help": "'mean' (seed 001's choice) or 'min' of the critics' values."}
+        default="mean", metadata={"help": "'mean' (AsyPPO's choice) or 'min' of the critics' values."}
     )
     critic_values: str = field(
         default="before_update",
-        metadata={"help": "Which values GAE uses: 'before_update' (the critics before fitting this round, as PPO "
-                          "computes values at rollout time), 'after_update' (seed 001's order: fit, then V-bar) or "
-                          "'cross_fit' (after the fit, each response's V from the critics that did not train on it; "
-                          "needs num_critics >= 2)."},
+        metadata={"help": "Which values GAE uses: 'before_update' (the critics before fitting this round, as "
+                          "PPO computes values at rollout time), 'after_update' (AsyPPO's order: fit, then "
+                          "V-bar) or 'cross_fit' (after the fit, each response's V from the critics that did not "
+                          "train on it; needs num_critics >= 2)."},
     )
-    critic_learning_rate: float = field(default=2e-6, metadata={"help": "Critics' AdamW lr (seed 003: 2e-6)."})
+    critic_learning_rate: float = field(default=2e-6, metadata={"help": "Critics' AdamW lr (VAPO: 2e-6)."})
     critic_weight_decay: float = field(default=0.0, metadata={"help": "Critics' AdamW weight decay."})
     critic_max_grad_norm: float = field(default=1.0, metadata={"help": "Per-critic gradient clipping norm."})
     critic_epochs: int = field(default=1, metadata={"help": "Passes over the round's data per critic update."})
@@ -90,17 +70,17 @@ class AsyPPOConfig(GRPOConfig):
         metadata={"help": "Critic weights and optimizer state: 'float32' (with bf16 autocast when bf16=True) "
                           "or 'bfloat16' (pure bf16, to save memory with same-size critics)."},
     )
-    gamma: float = field(default=1.0, metadata={"help": "Discount (seed 003: 1.0)."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount (VAPO paper: 1.0)."})
     lambda_policy: float = field(
         default=0.95, metadata={"help": "GAE lambda of the policy's advantages (ignored when length_adaptive_alpha is set)."}
     )
     lambda_critic: float = field(
-        default=1.0, metadata={"help": "GAE lambda of the critics' targets (seed 003 decoupled GAE: 1.0)."}
+        default=1.0, metadata={"help": "GAE lambda of the critics' targets (VAPO's decoupled GAE: 1.0)."}
     )
     length_adaptive_alpha: float | None = field(
         default=None,
         metadata={"help": "VAPO length-adaptive GAE: lambda_policy = 1 - 1/(alpha * length) per response "
-                          "(seed 003: 0.05). None: the constant lambda_policy."},
+                          "(VAPO paper: 0.05). None: the constant lambda_policy."},
     )
     whiten_advantages: bool = field(
         default=True, metadata={"help": "Whiten the GAE advantages over the valid tokens of the global batch."}
@@ -108,12 +88,12 @@ class AsyPPOConfig(GRPOConfig):
     adv_mask_fraction: float = field(
         default=0.2,
         metadata={"help": "k: zero the advantages of the tokens whose critic std is in the lowest k of the batch "
-                          "(seed 001: 0.2). Needs num_critics >= 2."},
+                          "(AsyPPO paper: 0.2). Needs num_critics >= 2."},
     )
     entropy_filter_fraction: float = field(
         default=0.2,
         metadata={"help": "h: leave the tokens whose critic std is in the top h of the batch out of the entropy "
-                          "bonus (seed 001: 0.2). Needs num_critics >= 2."},
+                          "bonus (AsyPPO paper: 0.2). Needs num_critics >= 2."},
     )
     value_warmup_steps: int = field(
         default=0,
@@ -123,15 +103,15 @@ class AsyPPOConfig(GRPOConfig):
     positive_lm_coef: float = field(
         default=0.0,
         metadata={"help": "mu of VAPO's positive-example LM loss: L = L_PPO + mu * NLL of the correct responses "
-                          "(seed 003: 0.1)."},
+                          "(VAPO paper: 0.1)."},
     )
     positive_reward_threshold: float = field(
         default=1.0, metadata={"help": "A response counts as correct (positive example) when its reward >= this."}
     )
 
-    # TRL's fields, at AsyPPO's values: seed 001's J_PPO, a per-response mean (1/|o| sum_t), clip 0.2,
+    # TRL's fields, at AsyPPO's values: its J_PPO, a per-response mean (1/|o| sum_t), clip 0.2,
     # no KL, and its entropy bonus; scale_rewards is unused (the advantages come from GAE).
-    loss_type: str = field(default="grpo", metadata={"help": "Per-response mean loss (seed 001's J_PPO)."})
+    loss_type: str = field(default="grpo", metadata={"help": "Per-response mean loss (AsyPPO's J_PPO)."})
     epsilon: float = field(default=0.2, metadata={"help": "Clip range."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient: no KL term."})
     scale_rewards: str = field(default="none", metadata={"help": "Unused: the advantages come from GAE."})
@@ -144,7 +124,7 @@ class AsyPPOConfig(GRPOConfig):
         if self.num_generations % self.num_critics:
             raise ValueError(
                 f"num_generations={self.num_generations} must be a multiple of num_critics={self.num_critics}: "
-                "each prompt's responses are split evenly among the critics (seed 001)"
+                "each prompt's responses are split evenly among the critics (AsyPPO paper)"
             )
         if self.critic_aggregation not in ("mean", "min"):
             raise ValueError(f"critic_aggregation must be 'mean' or 'min', got {self.critic_aggregation!r}")
@@ -171,9 +151,9 @@ class AsyPPOConfig(GRPOConfig):
 
 @dataclass
 class PPOConfig(AsyPPOConfig):
-    """Plain PPO as seed 003's baseline describes it: one critic the size of the actor, GAE with
+    """Plain PPO as the VAPO paper's baseline describes it: one critic the size of the actor, GAE with
     lambda 0.95 for both the policy and the critic, gamma 1, sample-level loss, clip 0.2. TRL
-    needs num_generations >= 2, so PPO samples each prompt twice (seed 003 samples once)."""
+    needs num_generations >= 2, so PPO samples each prompt twice (the VAPO paper samples once)."""
 
     num_critics: int = field(default=1, metadata={"help": "One critic."})
     adv_mask_fraction: float = field(default=0.0, metadata={"help": "No disagreement mask (one critic)."})
@@ -186,7 +166,7 @@ class PPOConfig(AsyPPOConfig):
 
 @dataclass
 class VAPOConfig(PPOConfig):
-    """VAPO (seed 003, "训练细节"): PPO plus value warm-up (50 steps), decoupled GAE
+    """VAPO (arXiv 2504.05118, training details): PPO plus value warm-up (50 steps), decoupled GAE
     (lambda_critic 1), length-adaptive lambda_policy (alpha 0.05), clip-higher 0.2/0.28,
     token-level loss, positive-example LM loss (mu 0.1), group sampling (16 per prompt)."""
 
@@ -209,7 +189,7 @@ class AsyPPOTrainer(AdvantageTrainer):
             "a prompt's responses would straddle two processes and could not be split among the critics"
         )
         # TRL's entropy bonus averages over every token; AsyPPO's skips the high-disagreement
-        # ones (seed 001, I^H), so `_compute_loss` below adds it instead, with TRL's scaling.
+        # ones (AsyPPO paper, I^H), so `_compute_loss` below adds it instead, with TRL's scaling.
         self._entropy_bonus_enabled = False
         self.critics = CriticEnsemble(
             self._critic_path(model),
@@ -234,12 +214,8 @@ class AsyPPOTrainer(AdvantageTrainer):
             )
         self._loss_forward = None
         self.critic_history: list[dict] = []  # one record per generation round
-        # critic_report.json + critic_values.png at the end of training, for every caller (CLI or Python)
-        self.add_callback(CriticReportCallback(self, self.args.output_dir))
 
     def _critic_path(self, model) -> str:
-        from poise_trl.loading import resolve_model_path
-
         if self.args.critic_model is not None:
             return resolve_model_path(self.args.critic_model)
         return model if isinstance(model, str) else self.accelerator.unwrap_model(self.model).config._name_or_path
@@ -275,14 +251,14 @@ class AsyPPOTrainer(AdvantageTrainer):
         else:
             _, targets = estimators.gae_advantages(token_rewards, prior_value, mask, cfg.gamma, cfg.lambda_critic)
 
-        # Fit the critics, critic m on its share of every prompt's responses (seed 001, step 2).
+        # Fit the critics, critic m on its share of every prompt's responses (AsyPPO paper, step 2).
         assignment = estimators.critic_group_assignment(mask.size(0), self.num_generations, len(self.critics))
         assignment = assignment.to(mask.device)
         fit = self.critics.update(input_ids, attention_mask, width, targets, mask, assignment)
         for name, number in fit.items():
             self._metrics["train"][f"critic/{name}"].append(number)
 
-        # V-bar for GAE (seed 001, step 3), from the critics as `critic_values` says.
+        # V-bar for GAE (AsyPPO paper, step 3), from the critics as `critic_values` says.
         if cfg.critic_values == "before_update":
             values, value = prior, prior_value
         else:
@@ -299,7 +275,7 @@ class AsyPPOTrainer(AdvantageTrainer):
         # Population std: 0 (not nan) for a single critic, |V1 - V2| / 2 for two.
         critic_std = values.std(0, correction=0)
 
-        # Over the global batch: whitening, Low_k / Top_h of sigma (seed 001, steps 4-5).
+        # Over the global batch: whitening, Low_k / Top_h of sigma (AsyPPO paper, steps 4-5).
         g_mask, g_adv, g_std = (gather_padded(self.accelerator, t) for t in (mask, advantages, critic_std))
         raw_std = g_adv[g_mask.bool()].float().std().item() if int(g_mask.sum()) > 1 else 0.0
         if cfg.whiten_advantages:
@@ -390,7 +366,7 @@ class AsyPPOTrainer(AdvantageTrainer):
         if not self.model.training:
             return super()._compute_loss(model, inputs)
         if self._actor_frozen():
-            # VAPO value pretraining (seed 003): the critics were fitted in this round's
+            # VAPO's value pretraining: the critics were fitted in this round's
             # `compute_advantages`; the actor gets no gradient at all (a zero loss with no
             # graph leaves every .grad None, so AdamW skips even its weight decay).
             return torch.zeros((), device=self.accelerator.device, requires_grad=True)
@@ -407,12 +383,12 @@ class AsyPPOTrainer(AdvantageTrainer):
                 if totals[1] > 0:
                     self._metrics["train"][f"asyppo/{name}"].append((totals[0] / totals[1]).item())
         if self.entropy_coef:
-            # seed 001, beta * (1/|o|) sum_t I^H_t H_t inside J_PPO's per-response mean, then the
+            # AsyPPO paper, beta * (1/|o|) sum_t I^H_t H_t inside J_PPO's per-response mean, then the
             # mean over responses; scaled for gradient accumulation as TRL scales its own terms.
             bonus = estimators.filtered_entropy_bonus(entropies, 1.0 - inputs["entropy_filter"], mask).mean()
             loss = loss - self.entropy_coef * bonus / self.current_gradient_accumulation_steps
         if cfg.positive_lm_coef:
-            # seed 003, L = L_PPO + mu * L_NLL, L_NLL = -sum_{o in T} sum_t log pi / sum_{o in T} |o|
+            # VAPO paper, L = L_PPO + mu * L_NLL, L_NLL = -sum_{o in T} sum_t log pi / sum_{o in T} |o|
             # over the correct responses T of the generation batch; normalised like TRL's
             # token-level ("dapo") loss so the micro-batches of a round add up to that mean.
             positive_tokens = mask * inputs["positive"].unsqueeze(1)
@@ -440,10 +416,40 @@ class AsyPPOTrainer(AdvantageTrainer):
         self.critics.load(critic_dir)
 
 
+def critic_memory(value, plan) -> list[tuple[str, int, str]]:
+    """`poise plan`'s items for the critics, replicated on every GPU (poise_trl.critics): weights, grads and
+    AdamW, and one critic forward's activations at `critic_micro_batch_size` rows."""
+    count = int(value("num_critics") or 0)
+    if not count:
+        return []
+    rows = int(value("critic_micro_batch_size") or value("critic_mini_batch_size")
+               or value("per_device_train_batch_size"))
+    shape = plan.model_shape(value("critic_model") or plan.inputs.model)
+    size = plan.dtype_bytes(str(value("critic_dtype") or "float32"))
+    # a token-classification critic: the backbone plus a (hidden, 1) head instead of the LM head
+    backbone = shape.parameters - (0 if shape.tied_embeddings else shape.lm_head_parameters)
+    compute = 2 if (plan.autocast or size == 2) else 4
+    return [("critics: weights, grads, AdamW", count * backbone * 4 * size,
+             f"{count} x {backbone / 1e9:.2f}B x 4 x {size} B, replicated"),
+            ("critic activations", plan.activation_bytes(shape, rows * plan.sequence, compute, size),
+             f"{rows} rows per critic forward")]
+
+
+CRITIC_DECLARES = dict(
+    callbacks=(CriticReportCallback,), run_files=("critic_report.json", "critic_values.png"),
+    memory_items=critic_memory,
+    # after the critics have had time to learn (issue 17's bar: explained variance >= 0.3)
+    compare_tables=(CompareTable("critics_second_half", "critics, second half of training (mean ± std over seeds)",
+                                 {"critic/explained_variance": ("explained variance", "second_half"),
+                                  "critic/explained_variance_first_token": ("EV first token", "second_half"),
+                                  "critic/mc_sign_agreement": ("sign agreement with MC advantage", "second_half")},
+                                 spread=True, seeds_below_start=True),),
+)
 register_algorithm("asyppo", AsyPPOConfig, AsyPPOTrainer, "AsyPPO",
                    "2 small critics on disjoint halves, GAE, std-based masks",
-                   card="AsyPPO: small critics on disjoint halves of each group, GAE")
+                   card="AsyPPO: small critics on disjoint halves of each group, GAE", **CRITIC_DECLARES)
 register_algorithm("ppo", PPOConfig, AsyPPOTrainer, "PPO", "PPO: 1 same-size critic, GAE lambda 0.95",
-                   card="PPO with one critic, GAE")
+                   card="PPO with one critic, GAE", **CRITIC_DECLARES)
 register_algorithm("vapo", VAPOConfig, AsyPPOTrainer, "VAPO",
-                   "VAPO: PPO + value warm-up, decoupled/adaptive GAE, positive LM loss", card="VAPO: value-based PPO")
+                   "VAPO: PPO + value warm-up, decoupled/adaptive GAE, positive LM loss",
+                   card="VAPO: value-based PPO", **CRITIC_DECLARES)

@@ -1,28 +1,25 @@
-"""The seams every poise-trl algorithm uses in TRL's GRPOTrainer, and the algorithm registry.
+"""The algorithm registry and the seams every poise-trl algorithm uses in TRL's GRPOTrainer.
 
-An algorithm is a config class (its defining settings are the class's field defaults, TRL's way)
-and a trainer class, registered by name beside its code with `register_algorithm`.
-
-Every trainer keeps `TrainerContract` (counters, checkpoint side state; see its docstring).
-
-`CountingGRPOTrainer` counts what generation produced for training (the budget units of
-`poise compare`) and, when the rows carry a `task` column (a task dataset or mix), logs each task's mean
-reward (TRL's weighted `reward`) under `rewards/task/<task>/mean`. TRL computes group-mean advantages
-inside `_generate_and_score_completions` and hands on a dict without rewards (see
-../shared/docs/trl-notes.md). `AdvantageTrainer` keeps the gathered rewards from `_calculate_rewards` and
-lets a subclass replace the advantages with an estimator from `poise_trl.estimators`, before TRL's
-shuffle splits groups apart.
+An algorithm is one module that registers everything it adds (`register_algorithm`): its config and
+trainer, the callbacks it attaches to a run, the files they write into the run folder, its memory-plan
+items, and the training-log series and tables `poise compare` shows for it. `build`, `train`,
+`run_folder`, `plan` and `compare` read these declarations and name no algorithm
+(docs/architecture.md). `CountingGRPOTrainer` counts the generation budget and logs each task's mean
+reward; `AdvantageTrainer` lets a subclass replace TRL's advantages before TRL's shuffle.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from poise_trl.completions import (
@@ -33,7 +30,6 @@ from poise_trl.completions import (
     truncate_after,
 )
 from poise_trl.distributed import summed_over_processes
-from poise_trl.run_folder import checkpoint_folder
 from poise_trl.tasks import by_task_means
 
 TASK_REWARD_PREFIX = "rewards/task/"
@@ -50,6 +46,55 @@ def record_task_rewards(metrics: dict[str, list], tasks: list[str], rewards: lis
         metrics[task_reward_key(task)].append(mean)
 
 
+def checkpoint_folder(output_dir: str | os.PathLike, step: int) -> Path:
+    """The checkpoint the Trainer writes at `step` (`checkpoint-<step>`): every side-state file and
+    marker goes there."""
+    return Path(output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+
+
+class RunCallback(TrainerCallback):
+    """A callback an algorithm attaches to each of its runs (`register_algorithm(callbacks=...)`).
+    `build_run` makes one per run with the trainer, the output folder and the checkpoint resumed from;
+    `poise train` calls `finish` where a resumed run has nothing left to train (its report must still
+    be written) and adds `summary()` to summary.json."""
+
+    def __init__(self, trainer, output_dir: str, resume_from: str | None = None):
+        self.trainer, self.output_dir, self.resume_from = trainer, output_dir, resume_from
+
+    def finish(self, args, state, control) -> None:
+        self.on_train_end(args, state, control)
+
+    def summary(self) -> dict:
+        return {}
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A training-log series `poise compare` shows over training: `value(entry)` reads one log entry
+    (None: not in it); `run_mean(train_log)`, when given, replaces the mean of those values for a run."""
+
+    title: str  # plot title
+    header: str  # table column
+    value: Callable[[dict], float | None]
+    run_mean: Callable[[list[dict]], float | None] | None = None
+
+
+def logged(key: str) -> Callable[[dict], float | None]:
+    return lambda entry: entry.get(key)
+
+
+@dataclass(frozen=True)
+class CompareTable:
+    """A per-run table of `poise compare`: `columns` maps a log key to (header, how a run reduces its
+    values: "last", "mean" or "second_half" (the mean over the second half of its logged steps))."""
+
+    key: str  # where compare.json keeps it in each result
+    title: str
+    columns: dict[str, tuple[str, str]]
+    spread: bool = False  # mean ± std over seeds (else the mean)
+    seeds_below_start: bool = False  # a column counting seeds that ended below their start accuracy
+
+
 @dataclass(frozen=True)
 class Algorithm:
     name: str  # the recipe's `algo`
@@ -59,16 +104,26 @@ class Algorithm:
     description: str  # one line: what distinguishes it
     card: str | None = None  # the model card's line on the algorithm; None: the name alone
     min_generations: int = 2  # rollouts per prompt its baseline needs
+    min_generations_reason: str = "its baseline comes from the other rollouts of the same prompt"
+    callbacks: tuple[type[RunCallback], ...] = ()
+    run_files: tuple[str, ...] = ()  # what its callbacks write into the output folder (names or globs)
+    # memory_items(value, plan) -> [(name, bytes, note)]: value(key) is the recipe's setting (or the config's
+    # default); plan a `plan.PlanView` (inputs, tokens, bytes per value, model shapes).
+    memory_items: Callable | None = None
+    signals: dict[str, Signal] = field(default_factory=dict)  # log key -> series shown by `poise compare`
+    compare_tables: tuple[CompareTable, ...] = ()
+    task_mix_settings: dict = field(default_factory=dict)  # config values a task-mix dataset implies
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
 
 
 def register_algorithm(name: str, config_class: type, trainer_class: type, display_name: str, description: str,
-                       card: str | None = None, min_generations: int = 2) -> None:
+                       **declared) -> None:
+    """Register algorithm `name`; `declared` sets the other fields of `Algorithm` (callbacks, files, ...)."""
     if name in ALGORITHMS:
         raise ValueError(f"algo {name!r} is registered twice")
-    ALGORITHMS[name] = Algorithm(name, config_class, trainer_class, display_name, description, card, min_generations)
+    ALGORITHMS[name] = Algorithm(name, config_class, trainer_class, display_name, description, **declared)
 
 
 class TrainerContract:
@@ -102,6 +157,14 @@ class TrainerContract:
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             self.save_side_state(checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step))
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """A tied LM head is not saved (it is the embedding), and transformers 5 reports it missing on every
+        resume; only keys that are really missing are reported."""
+        tied = {name for name, _ in self.model.named_parameters(remove_duplicate=False)} - {
+            name for name, _ in self.model.named_parameters()}
+        missing = [key for key in load_result.missing_keys if key not in tied]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

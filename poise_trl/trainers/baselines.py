@@ -1,5 +1,5 @@
 """The baselines users compare against, on GRPOTrainer's machinery: GRPO (TRL's own
-advantages) and RLOO, each also with training-free process rewards (seed 002)."""
+advantages) and RLOO, each also with training-free process rewards."""
 
 from __future__ import annotations
 
@@ -56,6 +56,6 @@ register_algorithm("grpo", GRPOConfig, CountingGRPOTrainer, "GRPO",
 register_algorithm("rloo", RLOOConfig, RLOOTrainer, "RLOO", "leave-one-out baseline, no std scaling",
                    card="RLOO: leave-one-out baseline")
 register_algorithm("grpo_process", GRPOProcessConfig, GRPOProcessTrainer, "GRPO",
-                   "GRPO + training-free process rewards (seed 002)")
+                   "GRPO + training-free process rewards")
 register_algorithm("rloo_process", RLOOProcessConfig, RLOOProcessTrainer, "RLOO",
-                   "RLOO + training-free process rewards (seed 002)")
+                   "RLOO + training-free process rewards")

@@ -1,43 +1,12 @@
-"""DAPO (Yu et al. 2025, arXiv:2503.14476; not among the seeds) on GRPOTrainer.
+"""DAPO (Yu et al. 2025, arXiv:2503.14476) on GRPOTrainer: clip-higher (0.2 / 0.28), TRL's token-level
+loss, overlong reward shaping (Eq. (13)) and dynamic sampling (Sec. 3.2, Eq. (11)).
 
-- Clip-Higher: epsilon 0.2 / epsilon_high 0.28 (TRL's two-sided clip).
-- Token-level policy-gradient loss: TRL's loss_type="dapo".
-- Overlong reward shaping: the soft penalty of `estimators.overlong_penalty` (DAPO Eq. (13))
-  is added to the reward before the group-normalized (GRPO) advantage.
-- Dynamic sampling (DAPO Sec. 3.2, Eq. (11)): a group is kept when 0 < #correct < G, counted
-  on correctness (the first reward function, e.g. `math_accuracy`, at least
-  `correct_reward_threshold`), not on the shaped reward: an all-correct or all-wrong group
-  whose lengths draw different overlong penalties is dropped, as in the paper (its spread is
-  length noise that the group std would blow up to unit scale). Dropped groups are replaced by
-  groups of fresh prompts until the batch holds the target number of kept groups.
-
-TRL has no dynamic sampling, so it is built around TRL's own `_generate_and_score_completions`
-(generation with vLLM or transformers, old/ref log-probs, rewards): each round calls it on
-another batch of prompts, then the kept groups' rows are merged into one batch of the usual
-size (tensors padded to a common width, `num_items_in_batch` recomputed) before TRL's
-shuffle and split. Extra prompts come from a seeded stream over the train set, separate
-from TRL's sampler, each prompt repeated num_generations times; every process draws its own
-slice of the same permutation (as TRL's RepeatSampler does). Checkpoints record how many
-extra batches the stream has served (`DAPO_STATE_FILE`); a resumed run fast-forwards the
-stream to that position, so it draws the extra prompts the uninterrupted run would have.
-
-Rounds: every process must run the same number (generation and reward gathering are
-collective). Rewards are gathered over all processes after each round, so every process
-computes every process's informative-group count from the same tensor and takes the same
-decision without another collective: stop once every process holds its target, or after
-`max_generation_rounds` rounds. Each process fills its own quota from its own groups (a
-group never straddles processes).
-
-Cap hit (the paper has no cap: it samples until the batch is full, and never repeats a group):
-`dynamic_sampling_fill="drop"` (default) trains on the kept groups found and nothing else.
-TRL splits a batch of fixed shape, so the missing slots hold dropped groups with zero loss
-weight (TRL's `tool_mask` = 0 on their rows), and `num_items_in_batch` counts the kept
-groups' tokens only: with DAPO's token-level loss the step is exactly the token mean over the
-kept groups, the step a smaller batch would take. Repeating kept groups instead would
-double-count their samples (the same rollouts weighted 2x, a different objective from Eq.
-(11)'s). `"zero_variance"` trains on dropped groups in those slots (GRPO's behaviour: zero
-advantage, but their tokens enter the denominator and shrink the step). When a process has
-found no kept group at all, its step carries no policy gradient either way.
+TRL has no dynamic sampling: each round calls TRL's own `_generate_and_score_completions` on another
+batch of prompts (a seeded stream, resumable) and the kept groups (0 < #correct < G, on correctness,
+not the shaped reward) are merged into one batch of the usual size before TRL's shuffle. Every
+process runs the same number of rounds and takes the same stop decision from the gathered rewards.
+At the round cap, `dynamic_sampling_fill` says what fills the missing slots. Details:
+docs/algorithms.md ("DAPO").
 """
 
 from __future__ import annotations
@@ -53,7 +22,7 @@ from trl.trainer.utils import pad
 
 from poise_trl import estimators
 from poise_trl.provenance import write_json
-from poise_trl.trainers.base import AdvantageTrainer, PromptStream, register_algorithm
+from poise_trl.trainers.base import AdvantageTrainer, PromptStream, Signal, register_algorithm
 
 FILL_MODES = ("drop", "zero_variance")
 DAPO_STATE_FILE = "dapo_state.json"
@@ -118,7 +87,7 @@ def select_groups(kept: list[bool], target: int, fill: str = "drop") -> tuple[li
 
     The first `target` kept groups (in the loss); if there are fewer (the round cap was hit),
     the missing slots take the first dropped groups, out of the loss with fill="drop" and in
-    it with fill="zero_variance" (see the module docstring). No group appears twice.
+    it with fill="zero_variance" (docs/algorithms.md, "DAPO"). No group appears twice.
     """
     if fill not in FILL_MODES:
         raise ValueError(f"fill must be one of {FILL_MODES}, got {fill!r}")
@@ -308,6 +277,21 @@ class DAPOTrainer(AdvantageTrainer):
             metrics["dapo/generated_per_trained"].append(record["generated_rollouts"] / record["trained_rollouts"])
 
 
+def dropped_fraction(entry: dict) -> float | None:
+    generated = entry.get("dapo/generated_groups")
+    return entry["dapo/dropped_groups"] / generated if generated else None
+
+
+def zero_signal_groups(entry: dict) -> float | None:
+    """Every generated group counts, the dropped ones included (TRL's share sees only the kept ones)."""
+    generated = entry.get("dapo/generated_groups")
+    return (generated - entry["dapo/informative_groups"]) / generated if generated else None
+
+
 register_algorithm("dapo", DAPOConfig, DAPOTrainer, "DAPO",
                    "DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling",
-                   card="DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling")
+                   card="DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling",
+                   signals={"dapo/dropped_fraction": Signal("DAPO dropped-group fraction", "DAPO dropped",
+                                                            dropped_fraction),
+                            "zero_signal_fraction": Signal("zero-signal groups", "zero-signal",
+                                                           zero_signal_groups)})

@@ -1,53 +1,12 @@
-"""POISE: Policy Optimization with Internal State Value Estimation (seed 000, poise-spec.md).
+"""POISE (arXiv 2605.07579): the baseline of each of 2 rollouts is a linear probe's prediction
+from the OTHER rollout's hidden-state and entropy features, A_1 = r_1 - g(z_2), A_2 = r_2 - g(z_1).
 
-Flow of one generation round inside TRL's `_generate_and_score_completions`:
-
-1. TRL generates 2 rollouts per prompt (vLLM colocate or transformers).
-2. Features z_i: the output of decoder block `probe_layer`, pooled inside a forward hook
-   (only (B, d) leaves it), and full-vocabulary entropies of the temperature-scaled next-token
-   distribution. They come from the first of (logged as `probe/features_from_<source>`):
-   - `trl_pass`: TRL's own no-grad pass over prompt + completion (`old_per_token_logps`: vLLM
-     with importance-sampling correction, or `num_iterations > 1` / misaligned accumulation),
-     with TRL's fused LM head giving the entropies;
-   - `generation`: otherwise, in the transformers path, TRL's `model.generate` call itself
-     (`features.GenerationCapture`: the prefill gives the prompt vector, each decode step one
-     completion token's hidden state and the entropy of the distribution it was sampled from,
-     plus a closing decode step, up to the probe's block, feeding the rows still generating
-     their last sampled token);
-   - `extra_pass`: where neither applies (vLLM without the correction, continuous batching,
-     tool calls or a rollout function, sharded weights, or a generate call that did not run the
-     block once per token, e.g. `use_cache: false`), one chunked no-grad pass of POISE's own.
-   So POISE makes as many policy passes per step as GRPO, except in the `extra_pass` cases.
-3. Rewards are computed and gathered over processes (TRL); features are gathered too, so
-   every rank holds the whole batch and fits the identical probe.
-4. Predict g(z) with the probe fitted at the END of the previous round, freeze the
-   cross-rollout advantages A_1 = r_1 - g(z_2), A_2 = r_2 - g(z_1) (no std division), log
-   the out-of-sample probe metrics, THEN append the batch to the buffer and refit. During
-   the first `probe_bootstrap_steps` rounds there is no probe: RLOO (A_1 = r_1 - r_2).
-5. TRL shuffles, splits and runs its clipped token-level loss on the frozen advantages.
-
-Beyond the paper, two options (both off by default):
-
-- `probe_inputs: prompt`: the probe reads the prompt vector alone, so the baseline is a value of
-  the prompt, b(x): the control that tells the response features' share of the gain from the
-  prompt's.
-- `prompt_selection: true` (probe-guided prompt selection): before generation, a prompt-only
-  probe (fitted on the same buffer rows and targets as the main probe) scores a pool of
-  `prompt_selection_pool` x the step's prompts (TRL's batch plus prompts from a seeded stream)
-  from a prefill-only pass over the prompts, and the step rolls out the same number of prompts
-  as without selection: a random floor of `prompt_selection_random_fraction` of them drawn
-  uniformly from the pool, the rest those with the highest predicted p(1 - p) (a pair whose
-  rewards must differ to carry a learning signal does so with probability 2p(1 - p)). The
-  prefill's prompt tokens are charged to the token budget like generated tokens, and its time
-  is inside the training seconds.
-
-  What selection changes about the objective: it changes WHICH prompts the step averages over,
-  i.e. it reweights the prompt distribution toward prompts the probe thinks are neither always
-  nor never solved (every prompt keeps a positive probability through the random floor). Given
-  a selected prompt, the rollouts are sampled from the policy as before and the cross-rollout
-  advantage A_1 = r_1 - g(z_2) is computed exactly as without selection, so the per-prompt
-  gradient estimate stays unbiased for that prompt's gradient; the step estimates the gradient
-  of the reweighted objective sum_x w(x) J(x), not of the uniform one.
+Inside TRL's `_generate_and_score_completions`: features are read from TRL's own no-grad pass, or
+during `generate`, or (fallback) from a pass of POISE's own (`probe/features_from_<source>`); then
+predict with the previous round's probe, freeze the advantages, log, append to the buffer and refit.
+RLOO while the buffer fills. Options beyond the paper: `probe_inputs: prompt` and probe-guided
+`prompt_selection`. Equations, settings and what selection does to the objective: docs/algorithms.md
+("POISE"); the TRL methods it overrides: docs/trl.md.
 """
 
 from __future__ import annotations
@@ -59,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad
@@ -73,11 +33,22 @@ from poise_trl.features import (
     build_rollout_features,
     decoder_layers,
     extract_prompt_vectors,
+    resolve_layer_index,
 )
+from poise_trl.metrics import calibration_bins, mean_or_none
 from poise_trl.probe import PROBE_INPUTS, ProbeEstimator, probe_metrics
 from poise_trl.process_rewards import PROCESS_REWARDS_HELP, ProcessRewardArguments, ProcessRewardMixin
-from poise_trl.provenance import write_json
-from poise_trl.trainers.base import AdvantageTrainer, PromptStream, register_algorithm
+from poise_trl.provenance import package_versions, write_json
+from poise_trl.trainers.base import (
+    AdvantageTrainer,
+    CompareTable,
+    PromptStream,
+    RunCallback,
+    Signal,
+    checkpoint_folder,
+    logged,
+    register_algorithm,
+)
 
 PROBE_STATE_FILE = "poise_probe.safetensors"
 FEATURE_SOURCES = ("trl_pass", "generation", "extra_pass")
@@ -87,7 +58,8 @@ SELECTION_STATE_FILE = "poise_selection.json"
 @dataclass
 class POISEConfig(GRPOConfig):
     """GRPOConfig plus the POISE probe. Defaults for the RL part follow the reference run
-    (poise-spec "RL settings"): 2 rollouts per prompt, clip 0.2/0.28, token-mean loss, no KL."""
+    (docs/algorithms.md, "RL settings of the reference run"): 2 rollouts per prompt, clip 0.2/0.28,
+    token-mean loss, no KL."""
 
     num_generations: int | None = field(default=2, metadata={"help": "Rollouts per prompt (POISE's pair)."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range."})
@@ -234,8 +206,6 @@ class POISETrainer(AdvantageTrainer):
         return device if device.type == "cuda" else torch.device("cpu")
 
     def _resolve_layer(self) -> int:
-        from poise_trl.features import resolve_layer_index
-
         blocks = decoder_layers(self.accelerator.unwrap_model(self.model))
         return resolve_layer_index(len(blocks), self.args.probe_layer)
 
@@ -312,7 +282,7 @@ class POISETrainer(AdvantageTrainer):
         self._generation_capture = capture
         return completion_ids, logprobs
 
-    # -- probe-guided prompt selection (module docstring) -------------------------------------
+    # -- probe-guided prompt selection (docs/algorithms.md) -----------------------------------
 
     def _select_prompts(self, inputs: list[dict]) -> list[dict]:
         """This process's rows (k prompts x num_generations) -> the k prompts chosen from a pool of
@@ -371,7 +341,7 @@ class POISETrainer(AdvantageTrainer):
 
     def _features_for(self, output: dict) -> RolloutFeatures:
         """This round's features: from TRL's own no-grad pass, from its generate call, or from one
-        chunked pass here (module docstring, step 2)."""
+        chunked pass here (docs/algorithms.md, "Features z")."""
         features, source = self._step_features, "trl_pass"
         if features is None and self._generation_capture is not None:
             try:
@@ -424,7 +394,7 @@ class POISETrainer(AdvantageTrainer):
         if self._step_floor is not None:
             self._log_selection_outcome(rewards_cpu, group_size)
 
-        # poise-spec "Order": predict with the previous fit, freeze advantages, log, then refit.
+        # The probe's order (docs/algorithms.md): predict with the previous fit, freeze, log, refit.
         predictions, available = self.value_estimator.predict(features, domains)
         available_groups = available.view(-1, group_size).all(dim=1).repeat_interleave(group_size)
         poise_adv, baselines = estimators.cross_rollout_advantages(
@@ -456,8 +426,6 @@ class POISETrainer(AdvantageTrainer):
         column = self.args.probe_domain_column
         if column is None:
             return None
-        from accelerate.utils import gather_object
-
         local = [str(row.get(column, "default")) for row in self._step_inputs]
         return gather_object(local) if self.accelerator.num_processes > 1 else local
 
@@ -507,6 +475,97 @@ class POISETrainer(AdvantageTrainer):
             self._selection_stream = None
 
 
+PROBE_HISTORY_FILE = "probe_history.json"
+
+
+class ProbeReport(RunCallback):
+    """At the end of training, `probe_report.json` (online probe metrics per round, probe config, final
+    counters) and `probe_values.png` (predicted vs realized value). The per-round history goes into
+    every checkpoint and comes back on resume, so the report of a resumed run covers all its rounds."""
+
+    report: dict | None = None
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            write_json(checkpoint_folder(args.output_dir, state.global_step) / PROBE_HISTORY_FILE,
+                       {"history": self.trainer.probe_history})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.resume_from:
+            self.restore(self.resume_from)
+
+    def restore(self, checkpoint: str) -> None:
+        path = Path(checkpoint) / PROBE_HISTORY_FILE
+        if path.exists():
+            self.trainer.probe_history = json.loads(path.read_text())["history"]
+        else:
+            warnings.warn(f"{checkpoint} has no {PROBE_HISTORY_FILE}: probe_report.json covers only the "
+                          "rounds after it", stacklevel=2)
+
+    def finish(self, args, state, control) -> None:
+        self.restore(self.resume_from)  # the report a kill after the last checkpoint may have cut off
+        self.on_train_end(args, state, control)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        history = self.trainer.probe_history
+        active = [h for h in history if h.get("probe_active")]
+        keys = ("mae", "rmse", "pearson", "brier_skill", "pairwise_sign_acc", "variance_reduction")
+        estimator = self.trainer.value_estimator
+        self.report = {
+            "rounds": len(history),
+            "probe_active_rounds": len(active),
+            "online_mean_after_bootstrap": {k: mean_or_none([h[k] for h in active if k in h]) for k in keys},
+            "per_round": [{k: v for k, v in h.items() if k not in ("predictions", "targets")}
+                          for h in history],
+            "probe_config": estimator.config,
+            "probe_layer_index": self.trainer.probe_layer_index,
+            "refit_count": estimator.refit_count,
+            "calibration": calibration_bins(active),
+            "trainer_config": args.to_dict(),
+            "versions": package_versions(),
+        }
+        out = Path(self.output_dir)
+        write_json(out / "probe_report.json", self.report)
+        if active:
+            plot_predicted_vs_realized(self.report["calibration"], active, out / "probe_values.png")
+
+    def summary(self) -> dict:
+        if self.report is None:
+            return {}
+        keys = ("rounds", "probe_active_rounds", "online_mean_after_bootstrap")
+        return {"probe": {k: self.report[k] for k in keys}}
+
+
+def plot_predicted_vs_realized(calibration: list[dict], records: list[dict], path) -> None:
+    # matplotlib only where a figure is drawn (it takes a second to import); Agg before pyplot loads
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = [c["mean_predicted"] for c in calibration]
+    ys = [c["mean_realized"] for c in calibration]
+    left.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
+    left.plot(xs, ys, "o-", label="probe")
+    for x, y, c in zip(xs, ys, calibration, strict=True):
+        left.annotate(str(c["count"]), (x, y), textcoords="offset points", xytext=(0, 6), fontsize=7,
+                      ha="center")
+    left.set(xlabel="probe prediction (out of sample, binned)", ylabel="mean realized reward",
+             title="POISE probe: predicted vs realized", xlim=(0, 1), ylim=(0, 1))
+    left.legend()
+    steps = [r["step"] for r in records]
+    right.plot(steps, [r["mae"] for r in records], label="online MAE")
+    right.plot(steps, [r["variance_reduction"] for r in records], label="variance reduction")
+    right.set(xlabel="step", title="probe quality over training")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 @dataclass
 class POISEProcessConfig(ProcessRewardArguments, POISEConfig):
     """POISEConfig plus the process-reward settings, switched on."""
@@ -519,9 +578,32 @@ class POISEProcessTrainer(ProcessRewardMixin, POISETrainer):
     the model directly, outside the probe's hidden-state capture, so they add no features."""
 
 
+def probe_signal(key: str):
+    # the probe's metrics exist only where it gave the baselines (its MAE is logged only then)
+    return lambda entry: entry.get(key) if entry.get("probe/mae") is not None else None
+
+
+POISE_DECLARES = dict(
+    min_generations_reason="each rollout's baseline comes from another rollout of the same prompt",
+    callbacks=(ProbeReport,), run_files=("probe_report.json", "probe_values.png"),
+    # one probe and buffer per task, as POISE's official code keeps one per domain (null: one shared probe)
+    task_mix_settings={"probe_domain_column": "task"},
+    signals={"probe/variance_reduction": Signal("POISE variance reduction", "POISE VR",
+                                                 probe_signal("probe/variance_reduction")),
+             "probe/mae": Signal("POISE probe MAE", "probe MAE", logged("probe/mae"))},
+    compare_tables=(CompareTable("selection", "prompt selection (means over seeds: counters at the end, "
+                                 "shares over training)", {
+        "selection/candidates_scored": ("candidates scored", "last"),
+        "selection/prompts_skipped": ("prompts skipped", "last"),
+        "selection/prefill_tokens": ("prefill tokens", "last"),
+        "selection/zero_signal_probe": ("zero-signal (probe's picks)", "mean"),
+        "selection/zero_signal_floor": ("zero-signal (random floor)", "mean"),
+        "selection/informativeness_pool": ("p(1-p) pool", "mean"),
+        "selection/informativeness_rolled_out": ("p(1-p) rolled out", "mean")}),),
+)
 register_algorithm(
     "poise", POISEConfig, POISETrainer, "POISE", "2 rollouts, cross-rollout baseline from a hidden-state probe",
     card="POISE: 2 rollouts per prompt, each rollout's baseline predicted by a linear probe on the policy's hidden "
-         "states and entropies from the other rollout")
+         "states and entropies from the other rollout", **POISE_DECLARES)
 register_algorithm("poise_process", POISEProcessConfig, POISEProcessTrainer, "POISE",
-                   "POISE + training-free process rewards (seed 002)")
+                   "POISE + training-free process rewards", **POISE_DECLARES)

@@ -1,29 +1,11 @@
-"""REINFORCE++ and REINFORCE++ w/ Baseline (seed 004) on GRPOTrainer.
+"""REINFORCE++ and REINFORCE++ w/ Baseline (arXiv 2501.03262) on GRPOTrainer.
 
-Advantages (frozen right after generation, before TRL's shuffle):
-- `reinforce_pp` (any k >= 1, incl. k = 1): with the k1 KL in the reward (`kl_estimator="k1"`,
-  beta > 0), per-token rewards -beta * k1(pi_old, pi_ref) plus the outcome on the last token,
-  returns-to-go, then Global Advantage Normalization over all valid tokens of the global
-  batch (Eqs. (4)-(5)): (B, T) advantages. Without per-token KL the return is constant within
-  a row and Eq. (5) normalizes the outcome rewards over the batch's samples: (B,).
-- `reinforce_pp_baseline` (k > 1): subtract the group mean, then divide by the global std
-  (Eqs. (6)-(7)); the KL is the separate k2 loss term of Eq. (8).
-
-KL: TRL's loss adds `beta * k3` (grpo_trainer.py `_compute_loss`, "per_token_kl"). There is no
-seam to swap the estimator, so `_compute_loss` runs TRL's loss with beta set to 0 (no k3) and,
-for k2, adds `beta * k2(logp, ref_logp)` aggregated exactly as TRL aggregates its per-token
-loss for the configured `loss_type` (the policy term and the KL term are summed per token
-before that linear aggregation in TRL, so adding it afterwards is the same thing). The
-grad-carrying per-token log-probs are captured from TRL's own forward
-(`_get_per_token_logps_and_entropies`); the reference log-probs are TRL's
-(`ref_per_token_logps`, computed during generation whenever beta != 0).
-`kl_estimator="k3"` leaves TRL's own KL term untouched.
-
-k = 1: GRPOConfig.__post_init__ rejects num_generations < 2 for GRPO's group statistics,
-which REINFORCE++'s global normalization does not need (Alg. 1). Every other use of
-num_generations in GRPOConfig and GRPOTrainer (sampler repeat count, generation, TRL's own
-advantages, which are replaced here) works with 1, so `REINFORCEPPConfig` passes GRPOConfig a
-placeholder group size that divides every generation batch it accepts and restores 1.
+`reinforce_pp` (k >= 1): k1 KL inside the per-token reward, returns-to-go, Global Advantage
+Normalization over the global batch (Eqs. (4)-(5)). `reinforce_pp_baseline` (k > 1): group mean, then
+the global std (Eqs. (6)-(7)), with the k2 KL loss of Eq. (8). TRL's loss adds beta * k3 with no seam
+to swap it, so `_compute_loss` runs TRL's loss with beta 0 and adds k2 aggregated as TRL aggregates its
+per-token loss. k = 1 passes a placeholder group size through GRPOConfig's check. Equations:
+docs/algorithms.md ("REINFORCE++"); the overrides: docs/trl.md.
 """
 
 from __future__ import annotations
@@ -49,7 +31,7 @@ class REINFORCEPPConfig(ProcessRewardArguments, GRPOConfig):
 
     kl_estimator: str = field(
         default="k1",
-        metadata={"help": "'k1': -beta * k1 per token inside the reward (seed 004, Eq. (4)); 'k2': beta * k2 as a "
+        metadata={"help": "'k1': -beta * k1 per token inside the reward (Eq. (4)); 'k2': beta * k2 as a "
                           "loss term (Eq. (8), reverse-KL gradient); 'k3': TRL's own k3 loss term. Off when beta = 0."},
     )
     group_baseline: bool = field(
@@ -57,7 +39,7 @@ class REINFORCEPPConfig(ProcessRewardArguments, GRPOConfig):
         metadata={"help": "Subtract the group-mean reward before global normalization (REINFORCE++ w/ Baseline, "
                           "Eqs. (6)-(7)); needs num_generations >= 2."},
     )
-    # TRL's fields, at REINFORCE++'s values (seed 004): a small KL, per-response mean loss.
+    # TRL's fields, at REINFORCE++'s values: a small KL, per-response mean loss.
     beta: float = field(default=1e-3, metadata={"help": "KL coefficient (k1 in the reward by default)."})
     loss_type: str = field(default="grpo", metadata={"help": "Per-response mean loss."})
 
@@ -85,15 +67,15 @@ class REINFORCEPPConfig(ProcessRewardArguments, GRPOConfig):
 
 @dataclass
 class REINFORCEPPBaselineConfig(REINFORCEPPConfig):
-    """REINFORCE++ w/ Baseline (seed 004, Eqs. (6)-(8)): group-mean baseline, then global normalization,
-    with the k2 KL as a loss term."""
+    """REINFORCE++ w/ Baseline (Eqs. (6)-(8)): group-mean baseline, then global normalization, with the k2
+    KL as a loss term."""
 
     group_baseline: bool = field(default=True, metadata={"help": "Subtract the group-mean reward first."})
     kl_estimator: str = field(default="k2", metadata={"help": "beta * k2 as a loss term (Eq. (8))."})
 
 
 class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
-    """REINFORCE++ / REINFORCE++ w/ Baseline; process rewards (seed 002) via `process_rewards: true`."""
+    """REINFORCE++ / REINFORCE++ w/ Baseline; process rewards via `process_rewards: true`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -104,13 +86,14 @@ class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
 
     def compute_advantages(self, rewards, output):
         cfg = self.args
-        if cfg.group_baseline:
-            outcome = estimators.group_mean_advantages(rewards, self.num_generations)  # Eq. (6)
-        else:
-            outcome = rewards
-        if cfg.kl_estimator != "k1" or self.beta == 0.0:
-            # Eq. (7) (baseline) / Eq. (5) with A = r: global normalization over the batch's samples.
-            return self.local_rows(estimators.reinforce_pp_global_advantages(outcome))
+        if cfg.kl_estimator != "k1" or self.beta == 0.0:  # global normalization over the batch's samples
+            if cfg.group_baseline:  # Eqs. (6)-(7)
+                advantages = estimators.reinforce_pp_baseline_advantages(rewards, self.num_generations)
+                return self.local_rows(advantages)
+            return self.local_rows(estimators.reinforce_pp_global_advantages(rewards))  # Eq. (5) with A = r
+        outcome = rewards
+        if cfg.group_baseline:  # Eq. (6)
+            outcome = estimators.group_mean_advantages(rewards, self.num_generations)
         # Eq. (4): r - beta * sum_{i >= t} k1(i), with k1 of pi_old against pi_ref; then Eq. (5) over tokens.
         mask = output["completion_mask"]
         kl = estimators.kl_k1(self._old_logps(output), output["ref_per_token_logps"])
@@ -162,7 +145,7 @@ class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
         finally:
             self.beta, self._capture_logps = beta, False
         if self.args.kl_estimator == "k1":
-            return loss  # the KL is in the reward (Eq. (4)), not in the loss (seed 004, App. B.1)
+            return loss  # the KL is in the reward (Eq. (4)), not in the loss (REINFORCE++ paper, App. B.1)
         logps, self._captured_logps = self._captured_logps, None
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
         k2 = estimators.kl_k2(logps, inputs["ref_per_token_logps"])  # Eq. (8)

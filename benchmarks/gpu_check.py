@@ -1,0 +1,273 @@
+"""GPU check: POISE against GRPO at Qwen3-1.7B's shape in bf16 on one air-gapped GPU, in one command.
+
+    python benchmarks/gpu_check.py prepare [--dry-run]   # on a networked machine, once
+    python benchmarks/gpu_check.py command               # the device command and the paths it carries
+    python benchmarks/gpu_check.py run [--device cuda] [--output benchmarks/results/gpu_check.json]
+
+The GPU node is assumed to have Python 3.12, torch, transformers 5.17, accelerate and peft, but no TRL,
+datasets or math-verify, and no network. `prepare` downloads, for cp312 manylinux x86_64, every package
+in the requirement closure of TRL, datasets and math-verify that torch, transformers, accelerate and peft do
+not bring (`missing_requirements`: read from this machine's package metadata, pinned to the versions
+installed here) into `.gpu_check_wheels/` (ignored by git, at most 64 MiB: pyarrow is pinned to 24.0.0, the
+oldest datasets accepts, whose wheel is 6 MB smaller), with a manifest of names, versions, sizes and sha256.
+`run` installs them with `pip install --no-index --no-deps --target` and puts the target first on sys.path
+(and PYTHONPATH, for the arms' processes).
+
+`run` builds a random-init Qwen3 at the 1.7B geometry (real vocabulary, 28 blocks, width 2048) with Qwen3's
+tokenizer, saved in bf16; POISE and GRPO take turns step by step (step_cost's baton: two processes, one
+computing at a time; 2 runs with the arm going first alternating, each 1 warmup + 2 measured steps per arm:
+4 measured steps each; 16 prompts x 2 rollouts, 512-token completions,
+transformers generation, micro-batches of 8 rows with gradient checkpointing); the step-time ratio with its
+interval; each arm's CUDA allocator peak beside `poise plan`'s estimate of the same recipe; and the probe's
+refit at 4096 rows x width 2048 on CUDA (poise_scale's fit point). One JSON artefact. `--device cpu --shape
+tiny` with smaller `--prompts/--completion-length/--steps/--fit-*` runs the same path on the CPU (the test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WHEELS = REPO_ROOT / ".gpu_check_wheels"
+WHEELS_LIMIT_BYTES = 64 * 2**20  # what the device tool carries with the working tree
+NODE_HAS = ("torch", "transformers", "accelerate", "peft")
+NEEDED = ("trl", "datasets", "math-verify")
+VERSION_OVERRIDES = {"pyarrow": "24.0.0"}  # 49 MB instead of 26.0.1's 55 MB: the set fits in 64 MiB
+TARGET_ENVIRONMENT = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.0",
+                      "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+                      "implementation_name": "cpython", "platform_python_implementation": "CPython",
+                      "extra": ""}
+# shape: (Qwen3 size, decoder blocks (None: all), config numbers replaced); `tiny` is the CPU test's geometry,
+# Qwen3's vocabulary and tokenizer at width 64.
+SHAPES = {
+    "1.7b": ("1.7b", None, {}),
+    "tiny": ("0.6b", 1, {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+                         "num_key_value_heads": 1, "head_dim": 32}),
+}
+DEVICE_COMMAND = ("nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; "
+                  "python3 benchmarks/gpu_check.py run --output $OUT/gpu_check.json")
+
+
+# ------------------------------------------------------------------------------------------ preparation
+
+
+def _closure(roots, installed: dict[str, str]) -> set[str]:
+    """Canonical names of `roots` and everything they require on the GPU node (markers evaluated for
+    CPython 3.12 on Linux x86_64, no extras), as far as this machine's metadata tells."""
+    seen, todo = set(), [canonicalize_name(r) for r in roots]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in installed:
+            seen.add(name)
+            continue
+        seen.add(name)
+        for line in importlib.metadata.requires(name) or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate(TARGET_ENVIRONMENT):
+                todo.append(canonicalize_name(requirement.name))
+    return seen
+
+
+def missing_requirements() -> dict[str, str]:
+    """{name: version} the node lacks: the closure of NEEDED minus that of NODE_HAS, at this machine's
+    versions."""
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    lacking = sorted(_closure(NEEDED, installed) - _closure(NODE_HAS, installed))
+    unknown = [name for name in lacking if name not in installed]
+    if unknown:
+        sys.exit(f"error: {', '.join(unknown)} required but not installed here: install the project "
+                 "(pip install -e .) before preparing the GPU check")
+    return {name: VERSION_OVERRIDES.get(name, installed[name]) for name in lacking}
+
+
+PIP_TARGET = ["--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.12",
+              "--implementation", "cp", "--abi", "cp312"]
+
+
+def resolve_wheels(pins: dict[str, str]) -> list[dict]:
+    """The wheel pip picks for each pin on the GPU node (CPython 3.12, manylinux_2_28 x86_64): name, version,
+    file. pip's own dry run, reading the package index (metadata only where the index serves it)."""
+    with tempfile.TemporaryDirectory(prefix="gpu_check_resolve_") as scratch:
+        report = Path(scratch) / "report.json"
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
+                        "--no-deps", *PIP_TARGET, "--target", scratch, "--report", str(report),
+                        *(f"{name}=={version}" for name, version in pins.items())], check=True)
+        chosen = json.loads(report.read_text())["install"]
+    return [{"name": canonicalize_name(item["metadata"]["name"]), "version": item["metadata"]["version"],
+             "file": item["download_info"]["url"].rsplit("/", 1)[-1]} for item in chosen]
+
+
+def prepare(dry_run: bool) -> None:
+    wheels = resolve_wheels(missing_requirements())
+    for wheel in wheels:
+        print(f"{wheel['file']}")
+    if dry_run:
+        print(f"{len(wheels)} wheels resolve for CPython 3.12 on manylinux x86_64")
+        return
+    WHEELS.mkdir(exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", *PIP_TARGET, "--dest",
+                    str(WHEELS), *(f"{w['name']}=={w['version']}" for w in wheels)], check=True)
+    for path in WHEELS.glob("*.whl"):
+        if path.name not in {w["file"] for w in wheels}:
+            path.unlink()  # left from an earlier preparation
+    for wheel in wheels:
+        data = (WHEELS / wheel["file"]).read_bytes()
+        wheel.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    total = sum(w["bytes"] for w in wheels)
+    if total > WHEELS_LIMIT_BYTES:
+        sys.exit(f"error: the wheels take {total / 2**20:.1f} MiB, over the 64 MiB the device carries: pin "
+                 "smaller versions in VERSION_OVERRIDES")
+    (WHEELS / "manifest.json").write_text(json.dumps(wheels, indent=2) + "\n")
+    print(f"{len(wheels)} wheels, {total / 2**20:.1f} MiB in {WHEELS.name}/ (carry it to the GPU node: "
+          "`python benchmarks/gpu_check.py command`)")
+
+
+def install_wheels(target: Path, wheels: list[dict]) -> list[dict]:
+    """The prepared `wheels` (the manifest's entries), installed offline into `target`, which goes first on
+    sys.path and PYTHONPATH."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--target",
+                    str(target), *(str(WHEELS / w["file"]) for w in wheels)], check=True)
+    sys.path.insert(0, str(target))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
+    return [{key: w[key] for key in ("name", "version", "bytes")} for w in wheels]
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+def build_policy(shape: str, dtype: str, device: str, output_dir: Path) -> dict:
+    """The real-shape world's random-init Qwen3 (`poise toy build --world qwen3-shape`) at `shape`,
+    initialised on `device` (seconds for 1.7B parameters on a GPU, minutes on a CPU) and saved in `dtype`
+    with Qwen3's tokenizer. Returns its geometry."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from poise_trl.toy import real_shape_config, write_qwen3_tokenizer
+
+    size, layers, replaced = SHAPES[shape]
+    config = real_shape_config(size, layers)
+    config.update(replaced)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
+    model.config.dtype = dtype
+    model.save_pretrained(output_dir)
+    write_qwen3_tokenizer(output_dir)
+    return {"parameters": model.num_parameters(), "vocab_size": config.vocab_size,
+            "hidden_size": config.hidden_size, "num_hidden_layers": config.num_hidden_layers,
+            "intermediate_size": config.intermediate_size}
+
+
+def run(cli) -> None:
+    import torch
+
+    started = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    installed = "not needed: TRL imports"
+    if importlib.util.find_spec("trl") is None:  # the GPU node
+        manifest = WHEELS / "manifest.json"
+        if not manifest.is_file():
+            sys.exit("error: TRL does not import and no wheels are prepared: run `python "
+                     "benchmarks/gpu_check.py prepare` on a networked machine and carry "
+                     ".gpu_check_wheels/ here")
+        installed = install_wheels(workdir / "site", json.loads(manifest.read_text()))
+    sys.path.insert(0, str(REPO_ROOT))  # poise_trl from the working tree, as the arms see it
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO_ROOT)]))
+    from poise_scale import fit_point
+    from step_cost import new_artefact, recipe_for, run_pair, write_artefact
+
+    from poise_trl.plan import GIB, plan_recipe
+    from poise_trl.recipe import parse_recipe
+
+    if cli.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("error: --device cuda but torch sees no GPU; run with --device cpu for the CPU check")
+    _, payload = new_artefact("gpu_check.py", ["transformers"], ["transformers"])
+    payload["wheels_installed"] = installed
+    payload["device"] = torch.cuda.get_device_name() if cli.device == "cuda" else "cpu"
+    dtype = "bfloat16" if cli.device == "cuda" else "float32"
+    model_dir = workdir / f"qwen3-shape-{cli.shape}"
+    build_started = time.perf_counter()
+    geometry = build_policy(cli.shape, dtype, cli.device, model_dir)
+    payload["model"] = {"shape": cli.shape, **geometry, "dtype": dtype,
+                        "build_seconds": round(time.perf_counter() - build_started, 1)}
+    rows = 2 * cli.prompts
+    shape = {"model": str(model_dir), "max_completion_length": cli.completion_length,
+             "per_device_train_batch_size": min(rows, cli.micro_batch),
+             "gradient_accumulation_steps": max(1, rows // cli.micro_batch),
+             "gradient_checkpointing": True, "bf16": dtype == "bfloat16",
+             "model_init_kwargs": {"dtype": dtype}}
+    payload["recipe_overrides"] = {**shape, "model": f"(the {cli.shape} model above)"}
+    pair = run_pair("transformers", cli.steps, 1, cli.replicates, 0, workdir, shape)
+    payload["poise_vs_grpo"] = pair
+    low, high = pair["ratio_95_interval"]
+    print(f"POISE/GRPO {pair['ratio_of_mean_step_seconds']:.3f} [{low:.3f}, {high:.3f}]", flush=True)
+
+    gpu_bytes = torch.cuda.get_device_properties(0).total_memory if cli.device == "cuda" else 80 * GIB
+    payload["plan_vs_measured"] = {}
+    for arm, recipe_file in (("arm_a", "poise.yaml"), ("arm_b", "grpo_2.yaml")):
+        recipe = recipe_for(recipe_file, {}, cli.steps + 1, 0, shape)
+        plan = plan_recipe(parse_recipe(recipe), gpu_bytes=gpu_bytes, prompt_length=cli.prompt_length,
+                           device=cli.device)
+        runtime = sum(item.bytes for item in plan.items if item.name == "CUDA runtime")
+        measured_key = "peak_cuda_allocated_mib" if cli.device == "cuda" else "peak_rss_mib"
+        measured = pair[arm][measured_key] * 2**20
+        payload["plan_vs_measured"][recipe["algo"]] = {
+            "plan_items_bytes": {item.name: item.bytes for item in plan.items},
+            "plan_bytes_without_cuda_runtime": plan.total - runtime,
+            "measured": measured_key, "measured_bytes": int(measured),
+            "measured_over_plan": round(measured / (plan.total - runtime), 3)}
+    payload["plan_vs_measured"]["note"] = (
+        "the plan counts one training micro-batch (weights, gradients, AdamW, activations, LM head), with "
+        f"prompts of {cli.prompt_length} tokens; the measure is torch.cuda.max_memory_allocated over the "
+        "whole run (generation's KV cache included) on a GPU, the process's peak RSS on the CPU")
+    fit = fit_point(cli.fit_rows, cli.fit_width, cli.device, torch.get_num_threads(), run_exact=False)
+    payload["probe_fit"] = fit
+    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
+    write_artefact(payload, cli.output)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="action", required=True)
+    prep = commands.add_parser("prepare", help="download the wheels the GPU node lacks (networked machine)")
+    prep.add_argument("--dry-run", action="store_true", help="resolve and size the wheels, download nothing")
+    commands.add_parser("command", help="print the device command and the paths it carries")
+    go = commands.add_parser("run", help="the check itself")
+    go.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    go.add_argument("--shape", choices=list(SHAPES), default="1.7b")
+    go.add_argument("--prompts", type=int, default=16, help="prompts per step, 2 rollouts each")
+    go.add_argument("--completion-length", type=int, default=512)
+    # toy-arith's prompts through Qwen3's chat template: 27 tokens in plan_vs_measured.json's batches
+    go.add_argument("--prompt-length", type=int, default=32, help="prompt tokens the plan assumes")
+    go.add_argument("--micro-batch", type=int, default=8, help="rows per training micro-batch")
+    go.add_argument("--steps", type=int, default=2, help="measured steps per arm and run, after 1 warmup")
+    go.add_argument("--replicates", type=int, default=2, help="runs of the pair, the first arm alternating")
+    go.add_argument("--fit-rows", type=int, default=4096)
+    go.add_argument("--fit-width", type=int, default=2048)
+    go.add_argument("--output", default="benchmarks/results/gpu_check.json")
+    cli = parser.parse_args()
+    if cli.action == "prepare":
+        prepare(cli.dry_run)
+    elif cli.action == "command":
+        print(json.dumps({"command": DEVICE_COMMAND, "carry": [WHEELS.name]}, indent=2))
+    else:
+        run(cli)
+
+
+if __name__ == "__main__":
+    main()

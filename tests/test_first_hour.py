@@ -1,0 +1,155 @@
+"""What a new user meets in the first hour (docs/getting-started.md): bench's samples carry each row's id and
+its token budget fits the model's context; a reward module in the working directory is found; the page's
+table of the scores bench's files hold matches the files bench writes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+
+from poise_trl import bench, bench_reports, bench_scores, generation
+from poise_trl.bench_data import DataRequest
+from poise_trl.generation import Sample, TransformersEngine
+from poise_trl.loading import load_tokenizer
+from poise_trl.rewards import get_reward_functions
+from poise_trl.tasks import task_rows
+
+GETTING_STARTED = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"
+
+
+@pytest.fixture
+def fake_sampler(monkeypatch):
+    """Transformers' engine (not vLLM's) whose samples are canned; records each call's max_new_tokens."""
+    monkeypatch.setattr(generation, "vllm_import_error", lambda: "vLLM is switched off in these tests")
+    budgets = []
+
+    def sample(engine, prompts, num_samples, on_batch, prompt_indices, max_new_tokens, **kwargs):
+        budgets.append(max_new_tokens)
+        batch = [Sample(prompt_indices[0], "<answer>4</answer>", 3, False) for _ in range(num_samples)]
+        on_batch(batch)
+        return batch
+
+    monkeypatch.setattr(TransformersEngine, "sample", sample)
+    return budgets
+
+
+def test_bench_samples_carry_the_row_id_and_the_budget_is_capped_at_the_context_once(
+        tmp_path, tiny_random_model_dir, fake_sampler, caplog):
+    task = "reasoning-gym:leg_counting"
+    common = dict(num_samples=2, temperature=1.0, top_p=1.0, show_progress=False,
+                  request=DataRequest(limit=3), engine="transformers")
+    with caplog.at_level(logging.WARNING, logger="poise_trl.bench"):
+        summary = bench.run_benchmarks([task], str(tiny_random_model_dir), max_new_tokens=5000,
+                                       output_dir=tmp_path, **common)
+    settings = summary["benchmarks"]["reasoning-gym-leg_counting"]["settings"]
+    capped = [record.getMessage() for record in caplog.records if "capped" in record.getMessage()]
+    assert len(capped) == 1, capped
+    found = re.search(r"capped at (\d+): the model's context is (\d+) tokens and the longest prompt "
+                      r"takes (\d+)", capped[0])
+    room, context, longest = map(int, found.groups())
+    rows = task_rows(task, "test", 3, 0)
+    tokenizer = load_tokenizer(str(tiny_random_model_dir))
+    texts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+             for row in rows]
+    assert longest == max(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
+    assert (context, room) == (1024, 1024 - longest)
+    assert settings["max_new_tokens"] == room and set(fake_sampler) == {room}
+
+    samples = tmp_path / "reasoning-gym-leg_counting" / "samples.jsonl"
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(row["id"] for row in rows for _ in range(2))
+    assert all(r["id"] == rows[r["problem"]]["id"] for r in records)
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="poise_trl.bench"):
+        bench.run_benchmarks([task], str(tiny_random_model_dir), max_new_tokens=8,
+                             output_dir=tmp_path / "short", **common)
+    assert not [r for r in caplog.records if "capped" in r.getMessage()] and fake_sampler[-1] == 8
+
+
+def test_a_reward_module_in_the_working_directory_is_found_without_pythonpath(tmp_path, monkeypatch):
+    (tmp_path / "first_hour_rewards.py").write_text("def shout(completions, **kwargs):\n"
+                                                    "    return [1.0 for _ in completions]\n")
+    (tmp_path / "first_hour_broken.py").write_text("import no_such_package_anywhere\n")
+    monkeypatch.chdir(tmp_path)
+    # The console script's path: its own folder first, not the working directory (`python -m` would add it).
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    for name in ("first_hour_rewards", "first_hour_broken"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    [function] = get_reward_functions(["first_hour_rewards:shout"])
+    assert function(["a", "b"]) == [1.0, 1.0]
+    # A module that is there but fails to import says so, not that it was not found.
+    with pytest.raises(ValueError, match="No module named 'no_such_package_anywhere'"):
+        get_reward_functions(["first_hour_broken:anything"])
+    with pytest.raises(ValueError, match="cannot import 'nowhere_at_all'"):
+        get_reward_functions(["nowhere_at_all:shout"])
+
+
+def documented_scores() -> dict[str, dict[str, str]]:
+    """The table of docs/getting-started.md's section on bench's files: first cell -> {score: cell}."""
+    section = GETTING_STARTED.read_text().split("## Which scores bench's files hold", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+    header, *body = rows
+    return {row[0]: dict(zip(header[1:], row[1:], strict=True)) for row in body}
+
+
+def scored(dataset, n: int = 2) -> dict:
+    """bench's metrics for `dataset` with n made-up graded samples per problem."""
+    records = {(p, s): {"sample": s, "correct": s == 0, "reward": float(s == 0), "answer": "1",
+                        "num_tokens": 5, "truncated": False} for p in range(len(dataset)) for s in range(n)}
+    return bench_scores.dataset_metrics(records, dataset, n)
+
+
+def lighteval_metrics(benchmarks: dict) -> dict[str, set[str]]:
+    """The metric names results_lighteval.json gives each benchmark (and `all`), as bench writes the file."""
+    settings = {"num_samples": 2, "data_source": "x", "split": None, "max_new_tokens": 8, "temperature": 1.0,
+                "top_p": 1.0, "seed": 0}
+    summary = {"model": "m", "benchmarks": {name: {"settings": settings, "metrics": m}
+                                            for name, m in benchmarks.items()},
+               "average": bench_scores.average_over_benchmarks(list(benchmarks.values()))}
+    results = bench_reports.lighteval_results(summary)["results"]
+    return {key.removesuffix("|0"): {name.split(":")[0] for name in metrics if not name.endswith("_stderr")}
+            for key, metrics in results.items()}
+
+
+def test_the_docs_table_of_scores_matches_the_files_bench_writes():
+    math = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}] * 2)
+    kinds = {"math": math}
+    for name in ("reasoning-gym:leg_counting", "humaneval", "bfcl", "ifeval"):
+        kinds[name] = datasets.Dataset.from_list(task_rows(name, "test", 2, 0))
+    table = documented_scores()
+    found = lighteval_metrics({name: scored(dataset) for name, dataset in kinds.items()})
+    for row, cells in table.items():
+        kind = next((k for k in kinds if k.split(":")[0] in row), None)
+        if kind is None:
+            assert row.startswith("`all`"), row
+            continue
+        for score, cell in cells.items():
+            assert (score in found[kind]) == (cell == "yes"), (row, score, cell, found[kind])
+    all_row = table[next(row for row in table if row.startswith("`all`"))]
+    assert all_row["maj@n"] == "when every benchmark has it"
+    assert "maj@n" not in found["all"]  # humaneval is among them
+    voting = lighteval_metrics({"math": scored(math), "rg": scored(kinds["reasoning-gym:leg_counting"])})
+    assert "maj@n" in voting["all"] and {"avg@n", "pass@k"} <= voting["all"] & found["all"]
+
+
+def test_math_task_rows_keep_the_sources_own_id(monkeypatch):
+    """`math:math-500` rows carry MATH-500's `unique_id`, so a file of MATH-500 answers grades by it; a
+    source without ids numbers its rows."""
+    from poise_trl.tasks import math_sets
+
+    def ids_of(row: dict) -> list[str]:
+        monkeypatch.setattr(math_sets, "load_math_dataset", lambda *a, **k: datasets.Dataset.from_list([row]))
+        return [built["id"] for built in math_sets.build_rows("math-500", {}, "test", None, 0)]
+
+    row = {"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}
+    assert ids_of({**row, "unique_id": "test/algebra/7.json"}) == ["test/algebra/7.json"]
+    assert ids_of(row) == ["math-500/test/0"]

@@ -13,7 +13,6 @@ https://github.com/huggingface/lighteval/blob/main/src/lighteval/logging/info_lo
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -98,28 +97,6 @@ def test_samples_file_has_every_field_and_adds_up_to_the_scores(toy_run):
     assert avg == pytest.approx(scores["avg"]["value"])
     solved = sum(any(r["correct"] for r in rs) for rs in by_problem) / len(PROBLEMS)
     assert solved == pytest.approx(scores[f"pass@{N}"]["value"])
-
-
-def test_samples_file_from_before_the_new_fields_resumes_and_gains_them(toy_run, bundled_model_dir, tmp_path):
-    """An older bench stored no `gold`, no math `reward` and no `finish_reason`: a resumed run fills them in
-    (from the data, `correct` and `truncated`) on every line, equal to what a fresh run writes."""
-    finished, data = toy_run
-    out = tmp_path / "out"
-    shutil.copytree(finished, out)
-    samples = out / "toy-arith" / "samples.jsonl"
-    fresh = read_records(samples)
-    old_style = [{k: v for k, v in r.items() if k not in ("gold", "reward", "finish_reason")} for r in fresh]
-    samples.write_text("".join(json.dumps(r) + "\n" for r in old_style[:-2]))  # the last two never made it
-
-    summary = run(out, bundled_model_dir, data, num_samples=N, max_new_tokens=BUDGET, batch_size=N,
-                  engine="transformers")
-    assert summary["engine"] == "transformers"  # the missing two were generated
-    resumed = read_records(samples)
-    assert len(resumed) == len(fresh)
-    by_key = {(r["problem"], r["sample"]): r for r in fresh}
-    assert {(r["problem"], r["sample"]): r for r in resumed} == by_key
-    assert summary["benchmarks"] == read_json(finished / "summary.json")["benchmarks"]
-    assert read_json(out / "results_lighteval.json") == read_json(finished / "results_lighteval.json")
 
 
 def test_a_mix_lists_its_tasks_as_lighteval_subtasks():

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-from poise_trl import estimators
-from poise_trl.build import build_run
-from poise_trl.critics import CriticEnsemble
-from poise_trl.loading import resolve_model_path
-from poise_trl.provenance import package_versions, write_json
-from poise_trl.recipe import parse_recipe
-from poise_trl.rewards import math_accuracy_reward
+from poise_trl.algorithms.critics import CriticEnsemble
+from poise_trl.core import estimators
+from poise_trl.core.loading import resolve_model_path
+from poise_trl.core.provenance import package_versions, write_json
+from poise_trl.run.build import build_run
+from poise_trl.run.recipe import parse_recipe
+from poise_trl.tasks.rewards import math_accuracy_reward
 
 REPO = Path(__file__).resolve().parents[1]
 

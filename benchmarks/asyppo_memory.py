@@ -53,8 +53,8 @@ def worker(recipe_path: str, steps: int, overrides: list[str], threads: int) -> 
     torch.set_num_threads(threads)
     from transformers import TrainerCallback
 
-    from poise_trl.build import build_run
-    from poise_trl.recipe import load_recipe
+    from poise_trl.run.build import build_run
+    from poise_trl.run.recipe import load_recipe
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -131,7 +131,7 @@ def main() -> None:
         print(RESULT_MARKER + json.dumps(worker(cli.worker, cli.steps, cli.override, cli.threads)), flush=True)
         return
 
-    from poise_trl.provenance import package_versions, write_json
+    from poise_trl.core.provenance import package_versions, write_json
 
     runs = []
     for recipe in cli.recipes:

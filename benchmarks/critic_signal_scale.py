@@ -21,7 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-from poise_trl.provenance import package_versions, write_json
+from poise_trl.core.provenance import package_versions, write_json
 
 MOSTLY_SILENT, MOSTLY_INFORMATIVE = 0.75, 0.5
 

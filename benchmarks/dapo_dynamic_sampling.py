@@ -29,14 +29,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from poise_trl.build import build_run  # noqa: E402
-from poise_trl.loading import resolve_model_path  # noqa: E402
-from poise_trl.provenance import package_versions, write_json  # noqa: E402
-from poise_trl.recipe import (
+from poise_trl.algorithms.dapo import DAPOTrainer  # noqa: E402
+from poise_trl.core.loading import resolve_model_path  # noqa: E402
+from poise_trl.core.provenance import package_versions, write_json  # noqa: E402
+from poise_trl.run.build import build_run  # noqa: E402
+from poise_trl.run.recipe import (
     load_recipe,  # noqa: E402
     parse_recipe,  # noqa: E402
 )
-from poise_trl.trainers.dapo import DAPOTrainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # build_run evaluates held-out accuracy at the start and the end of every run: one prompt, one token.

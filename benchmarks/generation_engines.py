@@ -30,7 +30,7 @@ MODEL = REPO_ROOT / "poise_trl" / "data" / "tiny-qwen3"
 
 
 def bench_workload(engine: str, prompts: list, answers: list, samples: int, max_new_tokens: int) -> dict:
-    from poise_trl.generation import sample_transformers, sample_vllm, vllm_engine
+    from poise_trl.engines.generation import sample_transformers, sample_vllm, vllm_engine
     from poise_trl.tasks.math_grader import is_correct
 
     kwargs = dict(num_samples=samples, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=0)
@@ -43,7 +43,7 @@ def bench_workload(engine: str, prompts: list, answers: list, samples: int, max_
     else:
         from transformers import AutoModelForCausalLM
 
-        from poise_trl.loading import load_tokenizer
+        from poise_trl.core.loading import load_tokenizer
 
         model, tokenizer = AutoModelForCausalLM.from_pretrained(MODEL), load_tokenizer(str(MODEL))
         load_seconds = time.perf_counter() - started
@@ -86,8 +86,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    from poise_trl.generation import close_vllm_engines, vllm_import_error
-    from poise_trl.provenance import package_versions, write_json
+    from poise_trl.core.provenance import package_versions, write_json
+    from poise_trl.engines.generation import close_vllm_engines, vllm_import_error
     from poise_trl.tasks import load_prompt_dataset
 
     if vllm_import_error():

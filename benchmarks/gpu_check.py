@@ -156,7 +156,7 @@ def build_policy(shape: str, dtype: str, device: str, output_dir: Path) -> dict:
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from poise_trl.toy import real_shape_config, write_qwen3_tokenizer
+    from poise_trl.run.toy import real_shape_config, write_qwen3_tokenizer
 
     size, layers, replaced = SHAPES[shape]
     config = real_shape_config(size, layers)
@@ -190,8 +190,8 @@ def run(cli) -> None:
     from poise_scale import fit_point
     from step_cost import new_artefact, recipe_for, run_pair, write_artefact
 
-    from poise_trl.plan import GIB, plan_recipe
-    from poise_trl.recipe import parse_recipe
+    from poise_trl.run.plan import GIB, plan_recipe
+    from poise_trl.run.recipe import parse_recipe
 
     if cli.device == "cuda" and not torch.cuda.is_available():
         sys.exit("error: --device cuda but torch sees no GPU; run with --device cpu for the CPU check")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from math_verify import parse, verify
 
-from poise_trl.provenance import package_versions, write_json
+from poise_trl.core.provenance import package_versions, write_json
 from poise_trl.tasks.math_grader import grade_batch, is_correct
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,12 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from poise_trl import sandbox
-from poise_trl.build import build_run
-from poise_trl.provenance import package_versions, write_json
-from poise_trl.recipe import parse_recipe
-from poise_trl.tasks import is_task, load_prompt_dataset, score_rows
-from poise_trl.trainers.poise import POISETrainer
+from poise_trl.algorithms.poise import POISETrainer
+from poise_trl.core.provenance import package_versions, write_json
+from poise_trl.run.build import build_run
+from poise_trl.run.recipe import parse_recipe
+from poise_trl.tasks import is_task, load_prompt_dataset, sandbox, score_rows
 
 TASKS = ("toy-arith", "reasoning-gym:leg_counting", "bfcl", "ifeval", "humaneval")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -92,7 +91,7 @@ def gold_grading(task: str, rollouts: int, repeats: int = 3) -> dict | None:
     for _ in range(repeats):
         started = time.perf_counter()
         if tasks is None:
-            from poise_trl.rewards import math_accuracy_reward
+            from poise_trl.tasks.rewards import math_accuracy_reward
 
             rewards = math_accuracy_reward(texts, answer=rows["answer"])
         else:

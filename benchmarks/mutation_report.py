@@ -3,7 +3,7 @@
 mutmut 3 rewrites each function below in many small ways (an operator, a constant, an argument, a
 return value) and runs the tests that reach that function against each mutant: a mutant the tests
 still pass is "survived". The kill rate is the share of mutants some test fails on. Scope: every
-function of `poise_trl/estimators.py` (advantages, baselines, leave-one-out, cross-rollout pairing,
+function of `poise_trl/core/estimators.py` (advantages, baselines, leave-one-out, cross-rollout pairing,
 GAE, AsyPPO's masks, KL), the POISE probe's fit / predict / buffer / online update, the POISE and
 AsyPPO trainers' `compute_advantages`, and the final-answer extraction the math reward grades.
 
@@ -37,21 +37,21 @@ MACHINE_NOTE = "2-core CPU, no GPU"
 
 # mutmut names a mutant `<module>.x_<function>__mutmut_<n>`, or `<module>.xǁ<Class>ǁ<method>__mutmut_<n>`.
 FUNCTIONS = {
-    "poise_trl/estimators.py": ["poise_trl.estimators.x*"],
-    "poise_trl/probe.py": [
-        "poise_trl.probe.x__orient_and_trim__*",
-        "poise_trl.probe.x__fit_pca__*",
-        "poise_trl.probe.x__fit_pca_fast__*",
-        "poise_trl.probe.xǁLinearValueProbeǁ_inputs__*",
-        "poise_trl.probe.xǁLinearValueProbeǁfit__*",
-        "poise_trl.probe.xǁLinearValueProbeǁpredict__*",
-        "poise_trl.probe.xǁGroupBufferǁappend__*",
-        "poise_trl.probe.xǁProbeEstimatorǁ_predict_with__*",
-        "poise_trl.probe.xǁProbeEstimatorǁupdate__*",
-        "poise_trl.probe.xǁProbeEstimatorǁupdate_from_targets__*",
+    "poise_trl/core/estimators.py": ["poise_trl.core.estimators.x*"],
+    "poise_trl/probe/estimator.py": [
+        "poise_trl.probe.estimator.x__orient_and_trim__*",
+        "poise_trl.probe.estimator.x__fit_pca__*",
+        "poise_trl.probe.estimator.x__fit_pca_fast__*",
+        "poise_trl.probe.estimator.xǁLinearValueProbeǁ_inputs__*",
+        "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__*",
+        "poise_trl.probe.estimator.xǁLinearValueProbeǁpredict__*",
+        "poise_trl.probe.estimator.xǁGroupBufferǁappend__*",
+        "poise_trl.probe.estimator.xǁProbeEstimatorǁ_predict_with__*",
+        "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate__*",
+        "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate_from_targets__*",
     ],
-    "poise_trl/trainers/poise.py": ["poise_trl.trainers.poise.xǁPOISETrainerǁcompute_advantages__*"],
-    "poise_trl/trainers/asyppo.py": ["poise_trl.trainers.asyppo.xǁAsyPPOTrainerǁcompute_advantages__*"],
+    "poise_trl/algorithms/poise.py": ["poise_trl.algorithms.poise.xǁPOISETrainerǁcompute_advantages__*"],
+    "poise_trl/algorithms/asyppo.py": ["poise_trl.algorithms.asyppo.xǁAsyPPOTrainerǁcompute_advantages__*"],
     "poise_trl/tasks/math_grader.py": [
         "poise_trl.tasks.math_grader.x__closing_brace__*",
         "poise_trl.tasks.math_grader.x__boxed_spans__*",
@@ -88,49 +88,49 @@ TESTS = [
 _PROMOTES = "the integer/float32 operand is promoted to the other operand's dtype by the next operation: same values"
 _NAN = 'float("NAN") is float("nan")'
 EQUIVALENT: dict[str, str] = {
-    "poise_trl.estimators.x_masked_mean__mutmut_12": _PROMOTES,
-    "poise_trl.estimators.x_reinforce_pp_global_advantages__mutmut_5": "masked_whiten reads mask.bool(): "
+    "poise_trl.core.estimators.x_masked_mean__mutmut_12": _PROMOTES,
+    "poise_trl.core.estimators.x_reinforce_pp_global_advantages__mutmut_5": "masked_whiten reads mask.bool(): "
     "a float mask of ones is the all-true mask",
-    "poise_trl.estimators.x_reinforce_pp_global_advantages__mutmut_7": "as mutmut_5: ones_like without a dtype is a "
+    "poise_trl.core.estimators.x_reinforce_pp_global_advantages__mutmut_7": "as mutmut_5: ones_like without a dtype is a "
     "float mask of ones, read as mask.bool()",
-    "poise_trl.estimators.x__disagreement_cut__mutmut_22": "with k = 0 the sort runs but order[:0] selects nothing",
-    "poise_trl.estimators.x_high_disagreement_mask__mutmut_4": "lowest=None: `not None` is True, as `not False` is",
-    "poise_trl.estimators.x_filtered_entropy_bonus__mutmut_14": _PROMOTES,
-    "poise_trl.estimators.x_cross_fit_values__mutmut_58": 'float("INF") is float("inf")',
-    "poise_trl.estimators.x_explained_variance__mutmut_5": "only differs with no valid position, where the variance "
+    "poise_trl.core.estimators.x__disagreement_cut__mutmut_22": "with k = 0 the sort runs but order[:0] selects nothing",
+    "poise_trl.core.estimators.x_high_disagreement_mask__mutmut_4": "lowest=None: `not None` is True, as `not False` is",
+    "poise_trl.core.estimators.x_filtered_entropy_bonus__mutmut_14": _PROMOTES,
+    "poise_trl.core.estimators.x_cross_fit_values__mutmut_58": 'float("INF") is float("inf")',
+    "poise_trl.core.estimators.x_explained_variance__mutmut_5": "only differs with no valid position, where the variance "
     "of the empty selection is nan and the result is nan either way",
-    "poise_trl.estimators.x_explained_variance__mutmut_9": "as mutmut_5: with no valid position 1 - nan / 1 is nan too",
-    "poise_trl.estimators.x_explained_variance__mutmut_14": _NAN,
-    "poise_trl.estimators.x_sign_agreement__mutmut_12": _NAN,
-    "poise_trl.probe.x__orient_and_trim__mutmut_23": "dividing by a sign of +-1 is multiplying by it",
-    "poise_trl.probe.x__orient_and_trim__mutmut_24": "the +-1.0 factors are exact in float32; the product is "
+    "poise_trl.core.estimators.x_explained_variance__mutmut_9": "as mutmut_5: with no valid position 1 - nan / 1 is nan too",
+    "poise_trl.core.estimators.x_explained_variance__mutmut_14": _NAN,
+    "poise_trl.core.estimators.x_sign_agreement__mutmut_12": _NAN,
+    "poise_trl.probe.estimator.x__orient_and_trim__mutmut_23": "dividing by a sign of +-1 is multiplying by it",
+    "poise_trl.probe.estimator.x__orient_and_trim__mutmut_24": "the +-1.0 factors are exact in float32; the product is "
     "promoted to the components' float64",
-    "poise_trl.probe.x__orient_and_trim__mutmut_36": "the pivot is the largest |loading| of a unit eigenvector, "
+    "poise_trl.probe.estimator.x__orient_and_trim__mutmut_36": "the pivot is the largest |loading| of a unit eigenvector, "
     "never 0, so < 0 and <= 0 agree",
-    "poise_trl.probe.xǁLinearValueProbeǁ_inputs__mutmut_3": "RolloutFeatures are float32; subtracting the float64 "
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁ_inputs__mutmut_3": "RolloutFeatures are float32; subtracting the float64 "
     "mean (or torch.cat with float64 columns) promotes them exactly",
-    "poise_trl.probe.xǁLinearValueProbeǁ_inputs__mutmut_16": "as _inputs mutmut_3: torch.cat promotes float32 "
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁ_inputs__mutmut_16": "as _inputs mutmut_3: torch.cat promotes float32 "
     "entropies to float64 exactly",
-    "poise_trl.probe.xǁLinearValueProbeǁfit__mutmut_51": "as _inputs mutmut_3: torch.cat promotes the float32 "
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_51": "as _inputs mutmut_3: torch.cat promotes the float32 "
     "columns to float64 exactly",
-    "poise_trl.probe.xǁLinearValueProbeǁfit__mutmut_90": "as _inputs mutmut_3: torch.cat promotes the float32 "
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_90": "as _inputs mutmut_3: torch.cat promotes the float32 "
     "entropies to float64 exactly",
-    "poise_trl.probe.xǁLinearValueProbeǁfit__mutmut_146": "standardized columns sum to 0, so X^T (y + mean y) = "
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_146": "standardized columns sum to 0, so X^T (y + mean y) = "
     "X^T (y - mean y) = X^T y (up to rounding)",
-    "poise_trl.probe.xǁGroupBufferǁappend__mutmut_35": "with excess == 0 the first group boundary at or after 0 "
+    "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_35": "with excess == 0 the first group boundary at or after 0 "
     "is row 0: nothing is cut",
-    "poise_trl.probe.xǁGroupBufferǁappend__mutmut_39": "a float `starts` vector has the same nonzero positions "
+    "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_39": "a float `starts` vector has the same nonzero positions "
     "as the bool one",
-    "poise_trl.probe.xǁGroupBufferǁappend__mutmut_41": "as mutmut_39",
-    "poise_trl.probe.xǁProbeEstimatorǁ_predict_with__mutmut_8": _NAN,
-    "poise_trl.probe.x__fit_pca_fast__mutmut_16": "k above the row count: w[:, :k] is capped at width <= rows anyway",
-    "poise_trl.probe.x__fit_pca_fast__mutmut_17": "k above the width: w[:, :k] is capped at width <= d anyway",
-    "poise_trl.probe.x__fit_pca_fast__mutmut_46": "omega[:, :m] = warm.T casts the start vectors into omega's float64",
-    "poise_trl.probe.x__fit_pca_fast__mutmut_48": "as mutmut_46",
-    "poise_trl.probe.xǁProbeEstimatorǁupdate_from_targets__mutmut_74": "the prompt-only probe would compute the "
+    "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_41": "as mutmut_39",
+    "poise_trl.probe.estimator.xǁProbeEstimatorǁ_predict_with__mutmut_8": _NAN,
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_16": "k above the row count: w[:, :k] is capped at width <= rows anyway",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_17": "k above the width: w[:, :k] is capped at width <= d anyway",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_46": "omega[:, :m] = warm.T casts the start vectors into omega's float64",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_48": "as mutmut_46",
+    "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate_from_targets__mutmut_74": "the prompt-only probe would compute the "
     "identical PCA itself (same rows, components, method and warm start): handing it over only saves the time",
-    "poise_trl.probe.xǁProbeEstimatorǁupdate_from_targets__mutmut_77": "as mutmut_74",
-    "poise_trl.trainers.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_58": "the per-token KL passed is all "
+    "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate_from_targets__mutmut_77": "as mutmut_74",
+    "poise_trl.algorithms.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_58": "the per-token KL passed is all "
     "zeros (no KL in AsyPPO's reward), so any kl_coef adds -0.0",
     "poise_trl.tasks.math_grader.x__boxed_spans__mutmut_19": "searching on from the last content character instead "
     "of after the closing brace finds the same next box: no `\\boxed{` can start at a `}`",
@@ -139,31 +139,31 @@ EQUIVALENT: dict[str, str] = {
 # every tensor here lives. They are counted as survivors; a run of the tests on a CUDA device would kill them.
 _DEVICE = "device argument: the CPU either way on a CPU-only machine"
 CPU_ONLY = dict.fromkeys([
-    "poise_trl.estimators.x__sibling_mean__mutmut_11",
-    "poise_trl.estimators.x__sibling_mean__mutmut_13",
-    "poise_trl.estimators.x_kl_penalized_token_rewards__mutmut_23",
-    "poise_trl.estimators.x_kl_penalized_token_rewards__mutmut_25",
-    "poise_trl.estimators.x_gae_advantages__mutmut_24",
-    "poise_trl.estimators.x_gae_advantages__mutmut_26",
-    "poise_trl.estimators.x__disagreement_cut__mutmut_18",
-    "poise_trl.estimators.x__disagreement_cut__mutmut_21",
-    "poise_trl.probe.xǁLinearValueProbeǁfit__mutmut_2",
-    "poise_trl.probe.xǁLinearValueProbeǁfit__mutmut_4",
-    "poise_trl.probe.xǁLinearValueProbeǁfit__mutmut_44",
-    "poise_trl.probe.xǁGroupBufferǁappend__mutmut_25",
-    "poise_trl.probe.xǁGroupBufferǁappend__mutmut_27",
-    "poise_trl.probe.xǁProbeEstimatorǁupdate__mutmut_6",
-    "poise_trl.probe.xǁProbeEstimatorǁupdate__mutmut_8",
-    "poise_trl.probe.x__fit_pca_fast__mutmut_27",
-    "poise_trl.probe.x__fit_pca_fast__mutmut_32",
-    "poise_trl.probe.x__fit_pca_fast__mutmut_37",
-    "poise_trl.probe.x__fit_pca_fast__mutmut_45",
-    "poise_trl.probe.x__fit_pca_fast__mutmut_47",
-    "poise_trl.trainers.poise.xǁPOISETrainerǁcompute_advantages__mutmut_5",
-    "poise_trl.trainers.poise.xǁPOISETrainerǁcompute_advantages__mutmut_7",
-    "poise_trl.trainers.poise.xǁPOISETrainerǁcompute_advantages__mutmut_88",
-    "poise_trl.trainers.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_89",
-    "poise_trl.trainers.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_134",
+    "poise_trl.core.estimators.x__sibling_mean__mutmut_11",
+    "poise_trl.core.estimators.x__sibling_mean__mutmut_13",
+    "poise_trl.core.estimators.x_kl_penalized_token_rewards__mutmut_23",
+    "poise_trl.core.estimators.x_kl_penalized_token_rewards__mutmut_25",
+    "poise_trl.core.estimators.x_gae_advantages__mutmut_24",
+    "poise_trl.core.estimators.x_gae_advantages__mutmut_26",
+    "poise_trl.core.estimators.x__disagreement_cut__mutmut_18",
+    "poise_trl.core.estimators.x__disagreement_cut__mutmut_21",
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_2",
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_4",
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_44",
+    "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_25",
+    "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_27",
+    "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate__mutmut_6",
+    "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate__mutmut_8",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_27",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_32",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_37",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_45",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_47",
+    "poise_trl.algorithms.poise.xǁPOISETrainerǁcompute_advantages__mutmut_5",
+    "poise_trl.algorithms.poise.xǁPOISETrainerǁcompute_advantages__mutmut_7",
+    "poise_trl.algorithms.poise.xǁPOISETrainerǁcompute_advantages__mutmut_88",
+    "poise_trl.algorithms.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_89",
+    "poise_trl.algorithms.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_134",
 ], _DEVICE)
 
 DETECTED = ("killed", "timeout", "segfault", "caught by type checker")
@@ -222,7 +222,7 @@ def parse_results(text: str) -> dict[str, str]:
 
 
 def function_of(mutant: str) -> tuple[str, str]:
-    """`poise_trl.probe.xǁGroupBufferǁappend__mutmut_3` -> ("poise_trl.probe", "GroupBuffer.append")."""
+    """`poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_3` -> ("poise_trl.probe.estimator", "GroupBuffer.append")."""
     qualified = mutant.rsplit("__mutmut_", 1)[0]
     module, _, mangled = qualified.rpartition(".")
     if mangled.startswith("xǁ"):

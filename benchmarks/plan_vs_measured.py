@@ -32,11 +32,11 @@ from pathlib import Path
 from step_cost import new_artefact, recipe_for, write_artefact
 from step_memory import StepWindow
 
-from poise_trl.features import PENDING_LOGITS_ELEMENTS, GenerationCapture
-from poise_trl.plan import ModelShape, Sharding, build_plan, load_model_config, plan_inputs
-from poise_trl.provenance import write_json
-from poise_trl.recipe import parse_recipe
-from poise_trl.toy import real_shape_config
+from poise_trl.core.provenance import write_json
+from poise_trl.probe.features import PENDING_LOGITS_ELEMENTS, GenerationCapture
+from poise_trl.run.plan import ModelShape, Sharding, build_plan, load_model_config, plan_inputs
+from poise_trl.run.recipe import parse_recipe
+from poise_trl.run.toy import real_shape_config
 
 DEFAULT_CASES = ("0.6b:2:16:256", "1.7b:1:4:256", "0.6b:1:2:4096")
 TOLERANCE = 0.15  # the goal: the plan within +-15% of the peak it covers
@@ -49,7 +49,7 @@ class Windows:
     def __init__(self):
         from trl import GRPOTrainer
 
-        from poise_trl.trainers.poise import POISETrainer
+        from poise_trl.algorithms.poise import POISETrainer
 
         self.generation: list[tuple[int, int]] = []
         self.batch_shapes: list[dict] = []
@@ -108,8 +108,8 @@ def measure_case(case: str, workdir: str, results) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from poise_trl.toy import build_real_shape_world
-    from poise_trl.train import train_from_recipe
+    from poise_trl.run.toy import build_real_shape_world
+    from poise_trl.run.train import train_from_recipe
 
     size, layers, rows, completion = case.split(":")
     folder = Path(workdir) / case.replace(":", "-")
@@ -178,7 +178,7 @@ def measure_capture(spec: str) -> dict:
     from torch.profiler import ProfilerActivity, profile
     from transformers import Qwen3ForCausalLM
 
-    from poise_trl.toy import qwen3_tokenizer
+    from poise_trl.run.toy import qwen3_tokenizer
 
     size, layers, rows, tokens = spec.split(":")
     rows, tokens = int(rows), int(tokens)

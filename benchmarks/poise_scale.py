@@ -38,9 +38,9 @@ from pathlib import Path
 import psutil
 import torch
 
-from poise_trl.features import RolloutFeatures
-from poise_trl.probe import LinearValueProbe, ProbeEstimator
-from poise_trl.provenance import package_versions, write_json
+from poise_trl.core.provenance import package_versions, write_json
+from poise_trl.probe.estimator import LinearValueProbe, ProbeEstimator
+from poise_trl.probe.features import RolloutFeatures
 
 REFERENCE = (4096, 2560)  # the reference run's buffer rows, Qwen3-4B hidden size
 # build_run evaluates held-out accuracy at the start and the end of every run, outside the timed
@@ -175,7 +175,7 @@ def build_model_dir(root: Path, hidden: int, layers: int) -> Path:
     head, MLP 3x) and the toy tokenizer."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from poise_trl.toy import build_tokenizer
+    from poise_trl.run.toy import build_tokenizer
 
     path = root / f"qwen3-h{hidden}-l{layers}"
     if (path / "config.json").exists():
@@ -199,7 +199,7 @@ def step_point(algo: str, model_dir: Path, hidden: int, batch: int, length: int,
                num_iterations: int = 1) -> dict:
     from transformers import TrainerCallback
 
-    from poise_trl.build import build_run
+    from poise_trl.run.build import build_run
 
     recipe = {
         "algo": algo, "model": str(model_dir), "dataset": "toy-arith", "dataset_size": 512, "seed": 0,
@@ -309,10 +309,10 @@ def step_sweep(cli, workdir: Path) -> list[dict]:
 
 
 def toy_variance_reduction(steps: int, workdir: Path) -> dict:
-    import poise_trl.probe as probe_module
-    from poise_trl import estimators
-    from poise_trl.build import build_run
-    from poise_trl.recipe import load_recipe
+    import poise_trl.probe.estimator as probe_module
+    from poise_trl.core import estimators
+    from poise_trl.run.build import build_run
+    from poise_trl.run.recipe import load_recipe
 
     recipe = {**load_recipe("recipes/toy/poise.yaml"), "max_steps": steps, "save_strategy": "no", **MINIMAL_EVAL}
     trainer = build_run(recipe, str(workdir / "toy_vr"), overwrite=True).trainer

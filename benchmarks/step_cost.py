@@ -58,7 +58,7 @@ import torch
 import yaml
 from transformers import TrainerCallback
 
-from poise_trl.loading import resolve_model_path
+from poise_trl.core.loading import resolve_model_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {
@@ -159,8 +159,8 @@ def step_phases(kind: str) -> PhaseClock:
         "loss_forward": (GRPOTrainer, "compute_loss"),
     }
     if kind == "poise":
-        from poise_trl.probe import ProbeEstimator
-        from poise_trl.trainers.poise import POISETrainer
+        from poise_trl.algorithms.poise import POISETrainer
+        from poise_trl.probe.estimator import ProbeEstimator
 
         methods.update({
             "generate_with_capture": (POISETrainer, "_generate_single_turn"),
@@ -199,7 +199,7 @@ def shape_overrides(model: str | None, prompts: int | None, completion_length: i
 
 def model_geometry(model: str) -> dict:
     """The config numbers that set a step's cost: vocabulary, width, depth, heads."""
-    from poise_trl.plan import load_model_config
+    from poise_trl.run.plan import load_model_config
 
     config = load_model_config(resolve_model_path(model))
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -209,7 +209,7 @@ def model_geometry(model: str) -> dict:
 
 def run_poise_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
     """What `poise train` runs (progress display included), with the baton as one more callback."""
-    from poise_trl.train import train_from_recipe
+    from poise_trl.run.train import train_from_recipe
 
     turns.phases = phases = step_phases("poise")
     summary = train_from_recipe(recipe, str(output_dir), show_progress=True, overwrite=True, callbacks=[turns])
@@ -241,8 +241,8 @@ def last_logged(log_history: list[dict], key: str):
 def plain_trl_settings(recipe: dict, output_dir: Path) -> tuple[dict, list[dict]]:
     """The GRPOConfig keyword arguments and train rows a user of TRL alone would write down for this
     recipe: the recipe's TRL settings (as poise-trl hands them to TRL) and the same rows."""
-    from poise_trl.build import load_datasets
-    from poise_trl.recipe import parse_recipe
+    from poise_trl.run.build import load_datasets
+    from poise_trl.run.recipe import parse_recipe
 
     parsed = parse_recipe(recipe, str(output_dir))
     train_set, _ = load_datasets(parsed.settings, seed=parsed.args.seed)
@@ -257,7 +257,7 @@ def run_plain_trl_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from poise_trl.rewards import get_reward_functions
+    from poise_trl.tasks.rewards import get_reward_functions
 
     config_kwargs, rows = plain_trl_settings(recipe, output_dir)
     turns.phases = phases = step_phases("plain_trl")
@@ -409,7 +409,7 @@ def code_version() -> str | None:
 def new_artefact(script: str, chosen: list[str] | None, every: list[str]) -> tuple[list[str], dict]:
     """The names to run (`chosen`, else `every` but the vLLM ones where vLLM does not import, with a
     note) and the artefact's head: the command, code version, machine and notes."""
-    from poise_trl.generation import vllm_import_error
+    from poise_trl.engines.generation import vllm_import_error
 
     names, notes = chosen or list(every), []
     if chosen is None and vllm_import_error():
@@ -421,7 +421,7 @@ def new_artefact(script: str, chosen: list[str] | None, every: list[str]) -> tup
 
 def write_artefact(payload: dict, output: str) -> None:
     """The machine as it is at the end (its load average covers the run), the package versions, then the file."""
-    from poise_trl.provenance import package_versions, write_json
+    from poise_trl.core.provenance import package_versions, write_json
 
     # new_artefact's note, taken before the run (kept when the artefact is written again)
     at_start = payload["machine"].get("load_average_at_start", payload["machine"]["load_average_at_end"])

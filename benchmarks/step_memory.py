@@ -79,7 +79,7 @@ def memory_arm(recipe: dict, output_dir: str, results) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from poise_trl.train import train_from_recipe
+    from poise_trl.run.train import train_from_recipe
 
     log = open(Path(output_dir).with_suffix(".log"), "w")
     sys.stdout = sys.stderr = log

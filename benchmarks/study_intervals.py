@@ -1,7 +1,7 @@
 """Paired differences of final held-out accuracy, with 95% intervals, for the committed `poise compare`
 studies that kept only compare.json (no run summaries: no per-prompt results, no standard errors).
 
-Each pair of arms is compared seed by seed (`poise_trl.compare.paired_difference`): the seeds are redrawn,
+Each pair of arms is compared seed by seed (`poise_trl.run.compare.paired_difference`): the seeds are redrawn,
 and each final evaluation gets a normal draw whose standard error is the binomial bound
 sqrt(p (1 - p) / prompts), the most an Avg@k over that many prompts can have. The intervals therefore err
 wide; a difference they resolve is resolved. Studies with run summaries get exact intervals from
@@ -19,8 +19,8 @@ import math
 import subprocess
 from pathlib import Path
 
-from poise_trl.compare import paired_difference
-from poise_trl.provenance import package_versions, write_json
+from poise_trl.core.provenance import package_versions, write_json
+from poise_trl.run.compare import paired_difference
 from poise_trl.tasks import load_prompt_dataset
 
 RESULTS = Path(__file__).resolve().parent / "results"

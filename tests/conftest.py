@@ -36,7 +36,7 @@ def single_thread():
 @pytest.fixture(scope="session")
 def tiny_random_model_dir(tmp_path_factory) -> Path:
     """An untrained 2-layer Qwen3 with the toy tokenizer: same code paths, seconds to build."""
-    from poise_trl.toy import build_model, build_tokenizer
+    from poise_trl.run.toy import build_model, build_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-random-qwen3")
     tokenizer = build_tokenizer()

@@ -65,9 +65,9 @@ def run_accelerate_launch(config, script, *args, launch_args=(), timeout: int = 
 
 def build_trainer(recipe: dict, out, *, reward_funcs=None, trainer_class=None):
     """A ready trainer for `recipe` in the fresh folder `out`, built the way `poise train` builds it
-    (`poise_trl.build.build_run`, held-out evaluation and checkpoint callbacks included)."""
-    from poise_trl.build import build_run
-    from poise_trl.recipe import parse_recipe
+    (`poise_trl.run.build.build_run`, held-out evaluation and checkpoint callbacks included)."""
+    from poise_trl.run.build import build_run
+    from poise_trl.run.recipe import parse_recipe
 
     recipe = {"eval_max_new_tokens": 8, "eval_num_samples": 1, **recipe}
     # overwrite: a test may build a second trainer over the first one's checkpoints to resume from them

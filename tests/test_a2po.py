@@ -20,10 +20,10 @@ from helpers import (
     trainable_parameters,
 )
 
-from poise_trl.callbacks import HeldOutEvalCallback
-from poise_trl.recipe import RecipeError
-from poise_trl.trainers import get_algorithm
-from poise_trl.trainers.a2po import A2PO_STATE_FILE, A2POArmConfig, CountingA2POTrainer, completion_lengths
+from poise_trl.algorithms import get_algorithm
+from poise_trl.algorithms.a2po import A2PO_STATE_FILE, A2POArmConfig, CountingA2POTrainer, completion_lengths
+from poise_trl.run.callbacks import HeldOutEvalCallback
+from poise_trl.run.recipe import RecipeError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -222,7 +222,7 @@ def test_poise_train_budget_run_counts_stage_1_and_resumes(tmp_path, tiny_random
     first point; a run cut after checkpoint-1 resumes to the same end without sampling stage 1 again."""
     import shutil
 
-    from poise_trl.train import train_from_recipe
+    from poise_trl.run.train import train_from_recipe
 
     budget = PROMPTS * SAMPLES + 2 * BATCH  # stage 1, then two steps
     recipe = {

@@ -8,8 +8,8 @@ import pytest
 import torch
 from helpers import assert_parameters_moved, build_trainer, saved_tensors, trainable_parameters
 
-from poise_trl.critics import CriticEnsemble
-from poise_trl.recipe import parse_recipe
+from poise_trl.algorithms.critics import CriticEnsemble
+from poise_trl.run.recipe import parse_recipe
 
 
 def always_right(completions, **kwargs):
@@ -82,7 +82,7 @@ def test_registry_defaults_give_asyppo_ppo_and_vapo(tmp_path):
     assert (vapo.num_critics, vapo.lambda_critic, vapo.length_adaptive_alpha) == (1, 1.0, 0.05)
     assert (vapo.epsilon, vapo.epsilon_high, vapo.loss_type, vapo.positive_lm_coef) == (0.2, 0.28, "dapo", 0.1)
     assert vapo.value_warmup_steps == 50 and vapo.num_generations == 16
-    from poise_trl.recipe import RecipeError
+    from poise_trl.run.recipe import RecipeError
 
     with pytest.raises(RecipeError, match="needs num_critics >= 2"):
         config("ppo", adv_mask_fraction=0.2)

@@ -10,8 +10,8 @@ from helpers import VARYING_REWARD, assert_saved_weights_moved
 from typer.testing import CliRunner
 
 from poise_trl.cli.main import app
-from poise_trl.recipe import load_recipe
-from poise_trl.train import train_from_recipe
+from poise_trl.run.recipe import load_recipe
+from poise_trl.run.train import train_from_recipe
 
 TINY = {
     "algo": "poise", "dataset": "toy-arith", "dataset_size": 16, "eval_limit": 4, "eval_every": 0,

@@ -13,9 +13,11 @@ import typer
 from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
-from poise_trl import bench, bench_data, bench_reports, bench_scores, generation, metrics
 from poise_trl.cli.bench import bench as bench_command
-from poise_trl.generation import Sample, TransformersEngine
+from poise_trl.core import metrics
+from poise_trl.engines import generation
+from poise_trl.engines.generation import Sample, TransformersEngine
+from poise_trl.evaluation import bench, bench_data, bench_reports, bench_scores
 
 
 @pytest.fixture(autouse=True)
@@ -432,7 +434,7 @@ def test_evalscope_reads_the_report(tmp_path, tiny_random_model_dir, toy_file, m
 def test_model_index_round_trips_through_huggingface_hub(tmp_path, tiny_random_model_dir, toy_file, monkeypatch):
     from huggingface_hub import ModelCard, ModelCardData
 
-    from poise_trl.hub import HubPushError, push_bench_results
+    from poise_trl.run.hub import HubPushError, push_bench_results
 
     summary = _finished_summary(tmp_path, tiny_random_model_dir, toy_file, monkeypatch)
     results = bench_reports.eval_results(summary)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_bench import PROBLEMS, read_records, run
 
-from poise_trl import bench_reports, bench_scores
+from poise_trl.evaluation import bench_reports, bench_scores
 
 N, BUDGET = 4, 32  # at this budget the bundled model ends some responses and runs out of tokens on others
 SAMPLE_FIELDS = {"problem": int, "sample": int, "text": str, "answer": (str, type(None)), "gold": str,

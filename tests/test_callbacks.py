@@ -1,4 +1,4 @@
-from poise_trl.metrics import calibration_bins
+from poise_trl.core.metrics import calibration_bins
 
 
 def test_calibration_bins_by_hand():

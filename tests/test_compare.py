@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from poise_trl import compare
-from poise_trl.callbacks import Budget
 from poise_trl.cli.main import app
-from poise_trl.recipe import load_recipe
+from poise_trl.run import compare
+from poise_trl.run.callbacks import Budget
+from poise_trl.run.recipe import load_recipe
 
 
 def test_first_crossing_interpolates_between_evaluations():
@@ -230,7 +230,7 @@ def test_compare_bad_arguments_fail_before_any_run(tmp_path, tiny_random_model_d
 
 
 def test_zero_signal_fraction_from_trl_and_dapo_logs():
-    from poise_trl.compare import log_series
+    from poise_trl.run.compare import log_series
 
     log = [
         {"generated_tokens": 100, "frac_reward_zero_std": 0.25},

@@ -1,4 +1,4 @@
-"""`log_completions: true`: the completion table (poise_trl/completions.py) in completions.jsonl and in TRL's
+"""`log_completions: true`: the completion table (poise_trl/algorithms/completions.py) in completions.jsonl and in TRL's
 tracker table, for POISE (with its probe baseline), GRPO on a task mix (with the task) and every other
 GRPO-based algorithm; a resumed run rewrites the steps after its checkpoint instead of repeating them."""
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from helpers import assert_parameters_moved, build_trainer, digit_parity_reward, trainable_parameters
 
-from poise_trl.completions import COMPLETIONS_FILE, truncate_after
+from poise_trl.algorithms.completions import COMPLETIONS_FILE, truncate_after
 
 CHAIN_SUM, LEG_COUNTING = "reasoning-gym:chain_sum", "reasoning-gym:leg_counting"
 SHORT_PROMPT = {"system_prompt": "direct"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from poise_trl.critic_report import critic_report, plot_critic_report, value_calibration
+from poise_trl.algorithms.critic_report import critic_report, plot_critic_report, value_calibration
 
 
 def record(step, ev, predicted, realised):

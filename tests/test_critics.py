@@ -1,4 +1,4 @@
-"""poise_trl.critics: value heads, the fit, checkpoints, and gradient sync over 2 processes."""
+"""poise_trl.algorithms.critics: value heads, the fit, checkpoints, and gradient sync over 2 processes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import run_two_cpu_ranks
 
-from poise_trl.critics import CriticEnsemble, load_critic, token_values
-from poise_trl.toy import build_tiny_critic
+from poise_trl.algorithms.critics import CriticEnsemble, load_critic, token_values
+from poise_trl.run.toy import build_tiny_critic
 
 
 def ensemble(model_dir, num_critics=2, **kwargs):

@@ -17,14 +17,14 @@ from helpers import (
     trainable_parameters,
 )
 
-from poise_trl import estimators
-from poise_trl.trainers.dapo import (
+from poise_trl.algorithms.dapo import (
     DAPO_STATE_FILE,
     DAPOTrainer,
     merge_batches,
     needs_another_round,
     select_groups,
 )
+from poise_trl.core import estimators
 
 # ---------------------------------------------------------------------------------------
 # Selection logic

@@ -11,8 +11,9 @@ import huggingface_hub.constants
 import pytest
 from conftest import SHARED_DATA, needs_shared_data
 
-from poise_trl import toy_task
-from poise_trl.prompts import (
+from poise_trl.tasks import load_prompt_dataset, toy_task
+from poise_trl.tasks.math_grader import is_correct
+from poise_trl.tasks.prompts import (
     DATASETS,
     SPREAD_EVAL_SEED,
     SPREAD_EVAL_SIZE,
@@ -22,8 +23,6 @@ from poise_trl.prompts import (
     DatasetUnavailableError,
     held_out_split,
 )
-from poise_trl.tasks import load_prompt_dataset
-from poise_trl.tasks.math_grader import is_correct
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -1,4 +1,4 @@
-"""Hand-computed checks of poise_trl.estimators.
+"""Hand-computed checks of poise_trl.core.estimators.
 
 Expected numbers are written out literally (worked by hand in the comments), never
 recomputed with the formula under test.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from poise_trl import estimators as est
+from poise_trl.core import estimators as est
 
 NAN = float("nan")
 INF = float("inf")

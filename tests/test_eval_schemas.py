@@ -15,9 +15,9 @@ import datasets
 import pytest
 from typer.testing import CliRunner
 
-from poise_trl.prompts import DatasetFormatError
 from poise_trl.tasks import load_prompt_dataset
 from poise_trl.tasks.math_grader import is_correct
+from poise_trl.tasks.prompts import DatasetFormatError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval_schemas"
 BOXED = "Please output the final answer within \\boxed{}."

@@ -16,9 +16,9 @@ import pytest
 from helpers import VARYING_REWARD, assert_saved_weights_moved
 from safetensors.torch import load_file
 
-from poise_trl.recipe import load_recipe
-from poise_trl.run_folder import CHECKPOINT_MARKER
-from poise_trl.train import train_from_recipe
+from poise_trl.run.recipe import load_recipe
+from poise_trl.run.run_folder import CHECKPOINT_MARKER
+from poise_trl.run.train import train_from_recipe
 
 MAX_STEPS = 6
 RECIPE = {

@@ -14,14 +14,14 @@ import torch
 import transformers
 from helpers import assert_parameters_moved, build_trainer, digit_parity_reward, trainable_parameters
 
-from poise_trl.features import (
+from poise_trl.algorithms.poise import POISETrainer
+from poise_trl.probe.features import (
     CaptureUnavailable,
     GenerationCapture,
     decoder_layers,
     extract_features,
     pad_sequences,
 )
-from poise_trl.trainers.poise import POISETrainer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -210,8 +210,8 @@ def test_lora_wrapped_model():
 
 
 def test_bundled_tiny_qwen3_on_arithmetic_prompts(bundled_model_dir):
-    from poise_trl.loading import load_causal_lm, load_tokenizer
-    from poise_trl.toy_task import generate_problems
+    from poise_trl.core.loading import load_causal_lm, load_tokenizer
+    from poise_trl.tasks.toy_task import generate_problems
 
     tokenizer = load_tokenizer(str(bundled_model_dir))
     model = load_causal_lm(str(bundled_model_dir)).eval()

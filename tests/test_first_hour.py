@@ -13,12 +13,13 @@ from pathlib import Path
 import datasets
 import pytest
 
-from poise_trl import bench, bench_reports, bench_scores, generation
-from poise_trl.bench_data import DataRequest
-from poise_trl.generation import Sample, TransformersEngine
-from poise_trl.loading import load_tokenizer
-from poise_trl.rewards import get_reward_functions
+from poise_trl.core.loading import load_tokenizer
+from poise_trl.engines import generation
+from poise_trl.engines.generation import Sample, TransformersEngine
+from poise_trl.evaluation import bench, bench_reports, bench_scores
+from poise_trl.evaluation.bench_data import DataRequest
 from poise_trl.tasks import task_rows
+from poise_trl.tasks.rewards import get_reward_functions
 
 GETTING_STARTED = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"
 
@@ -44,7 +45,7 @@ def test_bench_samples_carry_the_row_id_and_the_budget_is_capped_at_the_context_
     task = "reasoning-gym:leg_counting"
     common = dict(num_samples=2, temperature=1.0, top_p=1.0, show_progress=False,
                   request=DataRequest(limit=3), engine="transformers")
-    with caplog.at_level(logging.WARNING, logger="poise_trl.bench"):
+    with caplog.at_level(logging.WARNING, logger="poise_trl.evaluation.bench"):
         summary = bench.run_benchmarks([task], str(tiny_random_model_dir), max_new_tokens=5000,
                                        output_dir=tmp_path, **common)
     settings = summary["benchmarks"]["reasoning-gym-leg_counting"]["settings"]
@@ -67,7 +68,7 @@ def test_bench_samples_carry_the_row_id_and_the_budget_is_capped_at_the_context_
     assert all(r["id"] == rows[r["problem"]]["id"] for r in records)
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="poise_trl.bench"):
+    with caplog.at_level(logging.WARNING, logger="poise_trl.evaluation.bench"):
         bench.run_benchmarks([task], str(tiny_random_model_dir), max_new_tokens=8,
                              output_dir=tmp_path / "short", **common)
     assert not [r for r in caplog.records if "capped" in r.getMessage()] and fake_sampler[-1] == 8

@@ -22,8 +22,8 @@ import torch
 from helpers import run_accelerate_launch, run_two_cpu_ranks
 from safetensors.torch import load_file
 
-from poise_trl.loading import resolve_model_path
-from poise_trl.recipe import load_recipe
+from poise_trl.core.loading import resolve_model_path
+from poise_trl.run.recipe import load_recipe
 
 SCRIPT = Path(__file__).parent / "distributed" / "fsdp2_two_ranks.py"
 TRAIN_SCRIPT = Path(__file__).parent / "distributed" / "fsdp2_train.py"

@@ -89,7 +89,7 @@ def test_mismatched_or_broken_completion_files_give_one_line_and_keep_what_exist
 
 def test_a_task_mix_is_graded_per_task(tmp_path):
     """`+` joins task names into a mix of equal weights (a YAML file with a `dataset:` list works too)."""
-    from poise_trl.bench_data import DataRequest, load_benchmark
+    from poise_trl.evaluation.bench_data import DataRequest, load_benchmark
 
     mix = "reasoning-gym:leg_counting+reasoning-gym:basic_arithmetic"
     rows = load_benchmark(mix, None, DataRequest(limit=4), seed=0)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from helpers import assert_parameters_moved, build_trainer, trainable_parameters
 
-from poise_trl.recipe import parse_recipe
-from poise_trl.rewards import get_reward_functions
+from poise_trl.algorithms import algorithms
+from poise_trl.algorithms.base import TrainerContract
+from poise_trl.run.recipe import parse_recipe
 from poise_trl.tasks import TaskError, get_family, load_prompt_dataset, score_rows, task_rows
-from poise_trl.trainers import algorithms
-from poise_trl.trainers.base import TrainerContract
+from poise_trl.tasks.rewards import get_reward_functions
 
 PACKAGE = Path(__file__).resolve().parents[1] / "poise_trl"
 
@@ -26,19 +26,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "poise_trl"
 # above it nor another part of its own level (evaluation and algorithms know nothing of each other).
 LEVELS: list[dict[str, tuple[str, ...]]] = [
     {"cli": ("poise_trl.cli",)},
-    {"run": ("poise_trl.recipe", "poise_trl.plan", "poise_trl.build", "poise_trl.train",
-             "poise_trl.run_folder", "poise_trl.callbacks", "poise_trl.hub", "poise_trl.toy",
-             "poise_trl.compare")},
-    {"evaluation": ("poise_trl.bench", "poise_trl.grade", "poise_trl.probe_eval", "poise_trl.value_model",
-                    "poise_trl.plots"),
-     "algorithms": ("poise_trl.trainers", "poise_trl.critics", "poise_trl.critic_report",
-                    "poise_trl.process_rewards", "poise_trl.completions")},
-    {"engines": ("poise_trl.generation", "poise_trl.vllm_server"),
-     "probe": ("poise_trl.probe", "poise_trl.features")},
-    {"tasks": ("poise_trl.tasks", "poise_trl.prompts", "poise_trl.rewards", "poise_trl.sandbox",
-               "poise_trl.toy_task")},
-    {"core": ("poise_trl.estimators", "poise_trl.metrics", "poise_trl.distributed", "poise_trl.provenance",
-              "poise_trl.progress", "poise_trl.loading")},
+    {"run": ("poise_trl.run",)},
+    {"evaluation": ("poise_trl.evaluation",), "algorithms": ("poise_trl.algorithms",)},
+    {"engines": ("poise_trl.engines",), "probe": ("poise_trl.probe",)},
+    {"tasks": ("poise_trl.tasks",)},
+    {"core": ("poise_trl.core",)},
 ]
 BOTTOM = "poise_trl"  # the package's own __init__, which holds only the version: below every part
 
@@ -56,7 +48,7 @@ def _is_import_module(node: ast.AST) -> bool:
 
 def loaded_by_name(tree: ast.AST, known: set[str]) -> set[str]:
     """The modules a file loads with `importlib.import_module`: a literal name; or, for a computed one (a
-    registry: `FAMILIES[family]`, f"poise_trl.trainers.{module}"), every module that a string constant of
+    registry: `FAMILIES[family]`, f"poise_trl.algorithms.{module}"), every module that a string constant of
     the file spells, whole or after the computed name's constant prefix."""
     constants = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     found = set()
@@ -124,8 +116,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def part_of(module: str) -> tuple[int, str]:
-    """(level, part) of a module: the part with the longest matching prefix (`poise_trl.bench` also covers
-    `poise_trl.bench_data`; `poise_trl.probe_eval` is its own, longer prefix)."""
+    """(level, part) of a module: the part whose prefix is the longest that its name starts with."""
     if module == BOTTOM:
         return len(LEVELS), BOTTOM
     matches = [(len(prefix), level, part) for level, parts in enumerate(LEVELS)
@@ -191,7 +182,7 @@ def test_every_module_of_the_lower_parts_imports_first():
 
 
 def part_module(stem: str) -> str:
-    """Today's full name of the module file `stem` (poise_trl.recipe, later perhaps poise_trl.run.recipe)."""
+    """Today's full name of the module file `stem` (poise_trl.run.recipe, later perhaps poise_trl.run.recipe)."""
     return module_name(next(PACKAGE.rglob(f"{stem}.py")), PACKAGE)
 
 
@@ -226,7 +217,7 @@ def test_every_algorithm_declares_itself_and_keeps_the_trainer_contract():
 
 
 def test_bundled_model_is_found_from_any_directory(tmp_path):
-    script = "from poise_trl.loading import resolve_model_path; print(resolve_model_path('data/tiny-qwen3'))"
+    script = "from poise_trl.core.loading import resolve_model_path; print(resolve_model_path('data/tiny-qwen3'))"
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)}).stdout.strip()
     assert Path(out, "config.json").is_file()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from poise_trl.hub import build_model_card, push_final_model
+from poise_trl.run.hub import build_model_card, push_final_model
 
 SUMMARY = {
     "algo": "poise", "model": "data/tiny-qwen3", "dataset": "toy-arith", "steps": 60,
@@ -48,7 +48,7 @@ def test_push_without_repo_id_names_the_fix(tmp_path):
 
 
 def test_failed_upload_says_what_is_safe_and_how_to_retry(tmp_path):
-    from poise_trl.hub import HubPushError
+    from poise_trl.run.hub import HubPushError
 
     class OfflineApi(FakeApi):
         def create_repo(self, repo_id, exist_ok):

@@ -10,9 +10,9 @@ from helpers import assert_one_line_error, assert_parameters_moved, build_traine
 from typer.testing import CliRunner
 
 from poise_trl.cli.main import app
-from poise_trl.loading import BUNDLED_DATA
-from poise_trl.recipe import load_recipe, parse_recipe
-from poise_trl.toy import MULTITASK_TASKS, build_multitask_model, multitask_mix
+from poise_trl.core.loading import BUNDLED_DATA
+from poise_trl.run.recipe import load_recipe, parse_recipe
+from poise_trl.run.toy import MULTITASK_TASKS, build_multitask_model, multitask_mix
 
 MODEL_DIR = BUNDLED_DATA / "tiny-qwen3-multitask"
 RECIPES = {name: f"recipes/toy/{name}_multitask.yaml" for name in ("poise", "grpo", "grpo_2")}

@@ -2,7 +2,7 @@
 code whose change no test noticed: boundaries, defaults, dtypes, the probe's standardization and PCA
 trimming, the answer extraction's box rules, and the POISE / AsyPPO trainers' `compute_advantages`.
 
-Each test asserts what the math or the docstring promises; seeds are cited as in poise_trl.estimators.
+Each test asserts what the math or the docstring promises; seeds are cited as in poise_trl.core.estimators.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 from helpers import build_trainer
 
-from poise_trl import estimators as est
-from poise_trl.features import RolloutFeatures
-from poise_trl.metrics import pearson
-from poise_trl.probe import GroupBuffer, LinearValueProbe, ProbeEstimator, _fit_pca, _fit_pca_fast
+from poise_trl.core import estimators as est
+from poise_trl.core.metrics import pearson
+from poise_trl.probe.estimator import GroupBuffer, LinearValueProbe, ProbeEstimator, _fit_pca, _fit_pca_fast
+from poise_trl.probe.features import RolloutFeatures
 from poise_trl.tasks.family import answer_part, extract_tagged_answer
 from poise_trl.tasks.math_grader import all_boxed, normalize_gold_answer
 

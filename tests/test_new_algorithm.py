@@ -14,13 +14,8 @@ import pytest
 from helpers import VARYING_REWARD
 from trl import GRPOConfig
 
-from poise_trl.compare import log_series
-from poise_trl.plan import plan_recipe
-from poise_trl.provenance import write_json
-from poise_trl.recipe import parse_recipe
-from poise_trl.train import train_from_recipe
-from poise_trl.trainers import algorithms
-from poise_trl.trainers.base import (
+from poise_trl.algorithms import algorithms
+from poise_trl.algorithms.base import (
     ALGORITHMS,
     AdvantageTrainer,
     RunCallback,
@@ -28,6 +23,11 @@ from poise_trl.trainers.base import (
     logged,
     register_algorithm,
 )
+from poise_trl.core.provenance import write_json
+from poise_trl.run.compare import log_series
+from poise_trl.run.plan import plan_recipe
+from poise_trl.run.recipe import parse_recipe
+from poise_trl.run.train import train_from_recipe
 
 NAME = "running_mean"
 STATE_FILE = "running_mean.json"

@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_leaves
 from transformers import TrainerCallback
 from typer.testing import CliRunner
 
-from poise_trl.plan import (
+from poise_trl.run.plan import (
     GIB,
     ModelShape,
     Sharding,
@@ -30,7 +30,7 @@ from poise_trl.plan import (
     sharding_from_accelerate_config,
     sharding_from_environment,
 )
-from poise_trl.recipe import RecipeError, load_recipe, parse_recipe
+from poise_trl.run.recipe import RecipeError, load_recipe, parse_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_RECIPES = sorted((REPO / "recipes" / "gpu").glob("*.yaml"))
@@ -129,7 +129,7 @@ def test_plan_matches_the_measured_peak_of_a_toy_training_step(tmp_path, bundled
 @pytest.mark.slow
 def test_plan_matches_the_measured_peak_for_a_wider_random_qwen3(tmp_path, single_thread):
     """A random-init Qwen3 with 4x the toy model's width, so weights, gradients and AdamW state weigh in."""
-    from poise_trl.toy import build_model, build_tokenizer
+    from poise_trl.run.toy import build_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     build_model(tokenizer, seed=0, hidden_size=512, num_layers=4).save_pretrained(tmp_path / "model")
@@ -241,7 +241,7 @@ def test_train_check_stops_on_a_gpu_when_the_launch_cannot_fit(monkeypatch):
     (both stubbed: no GPU here); on a CPU it does nothing."""
     from types import SimpleNamespace
 
-    from poise_trl.plan import check_memory_plan
+    from poise_trl.run.plan import check_memory_plan
 
     recipe = load_recipe(REPO / "recipes" / "gpu" / "poise_qwen3-4b.yaml")
     # parsed on this CPU machine, before the GPU is stubbed in (the config object is built for the machine)

@@ -12,8 +12,8 @@ from helpers import (
     trainable_parameters,
 )
 
-from poise_trl.features import RolloutFeatures, decoder_layers
-from poise_trl.probe import ProbeEstimator
+from poise_trl.probe.estimator import ProbeEstimator
+from poise_trl.probe.features import RolloutFeatures, decoder_layers
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Tests for poise_trl.probe: the linear probe, the group buffer, the online estimator, metrics."""
+"""Tests for poise_trl.probe.estimator: the linear probe, the group buffer, the online estimator, metrics."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from poise_trl.features import RolloutFeatures
-from poise_trl.probe import GroupBuffer, LinearValueProbe, ProbeEstimator, probe_metrics
+from poise_trl.probe.estimator import GroupBuffer, LinearValueProbe, ProbeEstimator, probe_metrics
+from poise_trl.probe.features import RolloutFeatures
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -16,13 +16,13 @@ import typer
 from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
-from poise_trl import metrics
-from poise_trl import probe_eval as pe
 from poise_trl.cli.probe_eval import probe_eval as probe_eval_command
-from poise_trl.estimators import leave_one_out_targets
-from poise_trl.features import RolloutFeatures
-from poise_trl.generation import TransformersEngine
-from poise_trl.probe import LinearValueProbe
+from poise_trl.core import metrics
+from poise_trl.core.estimators import leave_one_out_targets
+from poise_trl.engines.generation import TransformersEngine
+from poise_trl.evaluation import probe_eval as pe
+from poise_trl.probe.estimator import LinearValueProbe
+from poise_trl.probe.features import RolloutFeatures
 from poise_trl.tasks import TaskError, resolve_dataset
 
 CHAIN_SUM, LEG_COUNTING = "reasoning-gym:chain_sum", "reasoning-gym:leg_counting"

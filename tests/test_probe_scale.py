@@ -13,9 +13,9 @@ import random
 import pytest
 import torch
 
-import poise_trl.probe as probe_module
-from poise_trl.features import RolloutFeatures
-from poise_trl.probe import LinearValueProbe, ProbeEstimator, _fit_pca, _fit_pca_fast
+import poise_trl.probe.estimator as probe_module
+from poise_trl.probe.estimator import LinearValueProbe, ProbeEstimator, _fit_pca, _fit_pca_fast
+from poise_trl.probe.features import RolloutFeatures
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -101,8 +101,8 @@ def test_fast_fit_on_the_tiny_models_real_features(bundled_model_dir, monkeypatc
     is lowered to exercise the randomized path on these features."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from poise_trl.features import extract_features
-    from poise_trl.toy_task import assistant_response, generate_problems
+    from poise_trl.probe.features import extract_features
+    from poise_trl.tasks.toy_task import assistant_response, generate_problems
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir)
     model = AutoModelForCausalLM.from_pretrained(bundled_model_dir)
@@ -213,7 +213,7 @@ def test_fit_on_cuda_matches_cpu():
 
 
 def test_config_rejects_an_unknown_fit(tmp_path):
-    from poise_trl.trainers.poise import POISEConfig
+    from poise_trl.algorithms.poise import POISEConfig
 
     assert POISEConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).probe_fit == "fast"
     with pytest.raises(ValueError, match="probe_fit must be 'fast' or 'exact'"):

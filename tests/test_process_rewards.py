@@ -10,15 +10,15 @@ import torch
 from helpers import assert_parameters_moved, build_trainer, trainable_parameters
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from poise_trl.process_rewards import (
+from poise_trl.algorithms import get_algorithm
+from poise_trl.algorithms.baselines import GRPOProcessConfig
+from poise_trl.algorithms.process_rewards import (
     ProcessRewardMixin,
     answer_logprob_means,
     episode_boundaries,
     process_rewards_from_values,
     thin_boundaries,
 )
-from poise_trl.trainers import get_algorithm
-from poise_trl.trainers.baselines import GRPOProcessConfig
 
 # ---------------------------------------------------------------------------------------
 # Segmentation

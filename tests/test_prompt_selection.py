@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from poise_trl import estimators
-from poise_trl.features import RolloutFeatures, extract_features, extract_prompt_vectors
-from poise_trl.probe import ProbeEstimator
-from poise_trl.trainers.poise import select_prompts
+from poise_trl.algorithms.poise import select_prompts
+from poise_trl.core import estimators
+from poise_trl.probe.estimator import ProbeEstimator
+from poise_trl.probe.features import RolloutFeatures, extract_features, extract_prompt_vectors
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,11 @@ from test_features_from_generation import ForceTokens, assert_features_close, ca
 from transformers import Qwen3ForCausalLM
 from typer.testing import CliRunner
 
+from poise_trl.algorithms.poise import POISEConfig
 from poise_trl.cli.main import app
-from poise_trl.features import (
+from poise_trl.core.loading import load_tokenizer
+from poise_trl.engines.generation import render_prompts, vllm_import_error
+from poise_trl.probe.features import (
     HiddenStateCapture,
     last_think_end,
     pad_sequences,
@@ -29,10 +32,7 @@ from poise_trl.features import (
     span_masks,
     token_entropy,
 )
-from poise_trl.generation import render_prompts, vllm_import_error
-from poise_trl.loading import load_tokenizer
-from poise_trl.toy import QWEN3_TOKENIZER, build_real_shape_world, real_shape_config
-from poise_trl.trainers.poise import POISEConfig
+from poise_trl.run.toy import QWEN3_TOKENIZER, build_real_shape_world, real_shape_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 
@@ -243,7 +243,7 @@ def test_poise_steps_through_colocated_vllm_at_the_real_shape(world, tmp_path):
 def test_bench_and_probe_eval_run_on_the_real_shape(world, tmp_path, monkeypatch):
     """Both with transformers generation (the colocated training test above starts vLLM at this shape); probe-eval
     grades by a hash of the text, since a random model is never right, so that every probe metric is defined."""
-    from poise_trl import probe_eval
+    from poise_trl.evaluation import probe_eval
 
     def coin(texts):
         return [float(zlib.crc32(text.encode()) % 2) for text in texts]

@@ -1,6 +1,7 @@
 import pytest
 
-from poise_trl.recipe import (
+from poise_trl.algorithms import get_algorithm
+from poise_trl.run.recipe import (
     RecipeError,
     check_batch_geometry,
     load_recipe,
@@ -8,7 +9,6 @@ from poise_trl.recipe import (
     parse_recipe,
     split_recipe,
 )
-from poise_trl.trainers import get_algorithm
 
 
 def write(tmp_path, text):
@@ -71,7 +71,7 @@ def test_algo_defaults_apply_and_recipe_wins(tmp_path):
 
 
 def test_push_to_hub_is_a_run_setting_and_needs_a_repo(tmp_path):
-    from poise_trl.train import train_from_recipe
+    from poise_trl.run.train import train_from_recipe
 
     settings, config = split_recipe({"algo": "grpo", "push_to_hub": True, "hub_model_id": "me/x"},
                                     get_algorithm("grpo"))

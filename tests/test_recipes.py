@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from poise_trl.recipe import load_recipe, parse_recipe
+from poise_trl.run.recipe import load_recipe, parse_recipe
 
 # recipes/accelerate/ holds launch configs, not recipes (tests/test_plan.py reads them)
 RECIPES = sorted(p for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*/*.yaml") if p.parent.name != "accelerate")

@@ -8,9 +8,9 @@ from helpers import assert_saved_weights_moved, build_trainer
 from test_train import tiny_recipe
 from trl import GRPOTrainer
 
-from poise_trl import estimators as est
-from poise_trl.train import train_from_recipe
-from poise_trl.trainers.reinforce_pp import REINFORCEPPConfig
+from poise_trl.algorithms.reinforce_pp import REINFORCEPPConfig
+from poise_trl.core import estimators as est
+from poise_trl.run.train import train_from_recipe
 
 BASE = dict(output_dir="unused", use_cpu=True, report_to="none")
 

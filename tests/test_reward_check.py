@@ -8,9 +8,9 @@ from helpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from poise_trl.cli.main import app
-from poise_trl.loading import load_tokenizer
-from poise_trl.rewards import RewardFunctionError, check_reward_functions, get_reward_functions
+from poise_trl.core.loading import load_tokenizer
 from poise_trl.tasks import load_prompt_dataset
+from poise_trl.tasks.rewards import RewardFunctionError, check_reward_functions, get_reward_functions
 
 BROKEN = [
     ("divides_by_zero", "raised ZeroDivisionError: division by zero on a dry batch of 2 rows; fix it before training"),

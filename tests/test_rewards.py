@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import poise_trl.rewards as rewards
 import poise_trl.tasks.math_grader as math_grader
-from poise_trl.rewards import REWARD_FUNCTIONS, format_reward, get_reward_functions, math_accuracy_reward
+import poise_trl.tasks.rewards as rewards
 from poise_trl.tasks import load_prompt_dataset
 from poise_trl.tasks.math_grader import (
     all_boxed,
@@ -20,6 +19,12 @@ from poise_trl.tasks.math_grader import (
     is_correct,
     last_boxed,
     normalize_gold_answer,
+)
+from poise_trl.tasks.rewards import (
+    REWARD_FUNCTIONS,
+    format_reward,
+    get_reward_functions,
+    math_accuracy_reward,
 )
 from poise_trl.tasks.worker_pool import WorkerPool
 

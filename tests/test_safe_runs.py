@@ -10,14 +10,14 @@ from helpers import VARYING_REWARD, assert_saved_weights_moved
 from typer.testing import CliRunner
 
 from poise_trl.cli.main import app
-from poise_trl.recipe import RecipeError, load_recipe
-from poise_trl.run_folder import (
+from poise_trl.run.recipe import RecipeError, load_recipe
+from poise_trl.run.run_folder import (
     CHECKPOINT_MARKER,
     differing_settings,
     inspect_run_folder,
     write_checkpoint_marker,
 )
-from poise_trl.train import train_from_recipe
+from poise_trl.run.train import train_from_recipe
 
 TINY = {
     "algo": "poise", "dataset": "toy-arith", "dataset_size": 16, "eval_limit": 4, "eval_every": 0,
@@ -203,8 +203,8 @@ def test_killed_after_the_budget_checkpoint_finishes_without_training(tmp_path, 
 def test_a_hub_dataset_without_network_fails_at_once(monkeypatch):
     import socket
 
-    from poise_trl.build import require_hub_if_needed
-    from poise_trl.prompts import DatasetUnavailableError
+    from poise_trl.run.build import require_hub_if_needed
+    from poise_trl.tasks.prompts import DatasetUnavailableError
 
     def no_network(*args, **kwargs):
         raise OSError(-2, "Name or service not known")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from poise_trl import sandbox
-from poise_trl.sandbox import Limits, SandboxUnavailable, run_many, run_program
+from poise_trl.tasks import sandbox
+from poise_trl.tasks.sandbox import Limits, SandboxUnavailable, run_many, run_program
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FAST = Limits(timeout_s=2.0, cpu_s=2, memory_mb=512, file_size_mb=4, open_files=32, processes=16)

@@ -9,12 +9,12 @@ from collections import Counter
 import pytest
 from helpers import assert_parameters_moved, build_trainer, trainable_parameters
 
-from poise_trl.callbacks import HeldOutEvalCallback
-from poise_trl.recipe import RecipeError, parse_recipe
-from poise_trl.rewards import get_reward_functions
+from poise_trl.run.callbacks import HeldOutEvalCallback
+from poise_trl.run.recipe import RecipeError, parse_recipe
+from poise_trl.run.train import last_task_rewards
 from poise_trl.tasks import TaskError, by_task_means, load_prompt_dataset, mix_rows, task_rows
 from poise_trl.tasks.reasoning_gym import TEST_SEED_OFFSET
-from poise_trl.train import last_task_rewards
+from poise_trl.tasks.rewards import get_reward_functions
 
 CHAIN_SUM, LEG_COUNTING = "reasoning-gym:chain_sum", "reasoning-gym:leg_counting"
 SMALL_SUMS = {"min_terms": 2, "max_terms": 2, "max_digits": 1}
@@ -128,7 +128,7 @@ def test_a2po_on_a_mix_logs_each_tasks_reward_too(tmp_path, bundled_model_dir):
 def test_a_runs_held_out_set_shares_no_question_with_its_training_rows():
     """One-digit sums repeat across seeds: 5 of 49 test questions of this config are also among 300 train
     questions. The run's held-out set drops them; a config with nothing left is refused in one line."""
-    from poise_trl.build import load_datasets
+    from poise_trl.run.build import load_datasets
 
     recipe = {"algo": "grpo", "model": "data/tiny-qwen3", "dataset": "reasoning-gym:basic_arithmetic",
               "task_config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from helpers import VARYING_REWARD, assert_saved_weights_moved
 
-from poise_trl.recipe import load_recipe, parse_recipe
-from poise_trl.train import train_from_recipe
+from poise_trl.run.recipe import load_recipe, parse_recipe
+from poise_trl.run.train import train_from_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 

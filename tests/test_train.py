@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import VARYING_REWARD, assert_saved_weights_moved, saved_tensors
 
-from poise_trl.recipe import RecipeError, load_recipe
-from poise_trl.train import train_from_recipe
+from poise_trl.run.recipe import RecipeError, load_recipe
+from poise_trl.run.train import train_from_recipe
 
 
 def tiny_recipe(tmp_path, model_dir, algo="grpo", **extra):

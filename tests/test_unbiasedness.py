@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from poise_trl.estimators import cross_rollout_advantages
+from poise_trl.core.estimators import cross_rollout_advantages
 
 THETA = torch.tensor(
     [[1.0, 0.0, -0.5, 0.5], [0.0, 0.8, 0.0, -1.0], [-0.5, 0.3, 1.2, 0.0]], dtype=torch.float64

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from poise_trl.generation import vllm_import_error
+from poise_trl.engines.generation import vllm_import_error
 
 pytestmark = [
     pytest.mark.vllm,
@@ -30,7 +30,7 @@ COLOCATE = [
 @pytest.fixture(scope="module", autouse=True)
 def stop_engines():
     yield
-    from poise_trl.generation import close_vllm_engines
+    from poise_trl.engines.generation import close_vllm_engines
 
     close_vllm_engines()
 
@@ -53,7 +53,7 @@ def test_sample_vllm_many_seeded_requests_reproduce(bundled_model_dir):
     seeded requests), twice with one seed: identical samples; another seed: other samples."""
     from datasets import load_dataset
 
-    from poise_trl.generation import sample_vllm, vllm_engine
+    from poise_trl.engines.generation import sample_vllm, vllm_engine
 
     rows = load_dataset("json", data_files=str(bundled_model_dir.parent / "toy-arith" / "eval.jsonl"))["train"]
     prompts = [[{"role": "user", "content": q}] for q in rows["question"][:120]]

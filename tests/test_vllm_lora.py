@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from poise_trl.generation import vllm_import_error
+from poise_trl.engines.generation import vllm_import_error
 
 pytestmark = [
     pytest.mark.vllm,
@@ -51,8 +51,8 @@ def measure(out: Path, mode: str) -> None:
     training, after TRL's weight sync) and from the trainer's model (adapter applied) to out/logprobs.json."""
     from helpers import VARYING_REWARD, assert_parameters_moved, build_trainer, trainable_parameters
 
-    from poise_trl.recipe import load_recipe
-    from poise_trl.toy import build_model, build_tokenizer
+    from poise_trl.run.recipe import load_recipe
+    from poise_trl.run.toy import build_model, build_tokenizer
 
     model_dir = out / "random-qwen3"  # the bundled model's head size (vLLM's CPU attention kernels)
     tokenizer = build_tokenizer()

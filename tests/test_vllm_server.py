@@ -1,8 +1,8 @@
 """Training against a real vLLM server (`vllm_mode: server`; vLLM's CPU build on a machine without a GPU).
 
-One server for the module (`python -m poise_trl.vllm_server`, a tiny random model, a free local port), started
+One server for the module (`python -m poise_trl.engines.vllm_server`, a tiny random model, a free local port), started
 once and once more after the last test kills it. Without CUDA the weights reach the server through a file
-and vLLM's `/collective_rpc` (poise_trl.vllm_server): the tests check that the server then samples from the
+and vLLM's `/collective_rpc` (poise_trl.engines.vllm_server): the tests check that the server then samples from the
 trainer's weights, full and LoRA-merged. Skipped, with the reason, when vLLM does not import.
 """
 
@@ -20,8 +20,8 @@ import requests
 import torch
 from helpers import VARYING_REWARD, assert_parameters_moved, build_trainer, trainable_parameters
 
-from poise_trl.generation import vllm_import_error
-from poise_trl.run_folder import CHECKPOINT_MARKER
+from poise_trl.engines.generation import vllm_import_error
+from poise_trl.run.run_folder import CHECKPOINT_MARKER
 
 pytestmark = [
     pytest.mark.vllm,
@@ -37,7 +37,7 @@ SEQUENCE_TEXT = "12+34=<think>4+2=6</think>46"  # a fixed prompt + completion to
 
 
 class Server:
-    """`python -m poise_trl.vllm_server` on a local port, in its own process group (the engine core is a child)."""
+    """`python -m poise_trl.engines.vllm_server` on a local port, in its own process group (the engine core is a child)."""
 
     def __init__(self, model: Path, log: Path):
         self.model, self.log = model, log
@@ -49,7 +49,7 @@ class Server:
 
     def start(self) -> None:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "HF_HUB_OFFLINE": "1"}
-        command = [sys.executable, "-m", "poise_trl.vllm_server", "--model", str(self.model), "--port", str(self.port)]
+        command = [sys.executable, "-m", "poise_trl.engines.vllm_server", "--model", str(self.model), "--port", str(self.port)]
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
@@ -87,7 +87,7 @@ def random_model_dir(tmp_path_factory) -> Path:
     """An untrained 2-layer Qwen3 with the toy tokenizer: its rollouts differ (the trained tiny model's often
     coincide), so every step learns. The bundled model's head size: vLLM's CPU attention has no kernel for
     the session fixture's (8)."""
-    from poise_trl.toy import build_model, build_tokenizer
+    from poise_trl.run.toy import build_model, build_tokenizer
 
     path = tmp_path_factory.mktemp("random-qwen3")
     tokenizer = build_tokenizer()

@@ -1,4 +1,4 @@
-"""`poise bench`: a thin Typer command over poise_trl.bench (registered by cli/main.py)."""
+"""`poise bench`: a thin Typer command over poise_trl.evaluation.bench (registered by cli/main.py)."""
 
 from __future__ import annotations
 
@@ -74,10 +74,10 @@ def bench(
     interrupted run. Writes
     summary.json, EvalScope reports (OUTPUT_DIR/reports/MODEL/BENCH.json) and lighteval's results layout
     (OUTPUT_DIR/results_lighteval.json)."""
-    from poise_trl import bench as lib
-    from poise_trl.bench_data import BenchError, DataRequest
-    from poise_trl.bench_reports import compare_results, eval_results, model_id
     from poise_trl.cli.errors import user_errors
+    from poise_trl.evaluation import bench as lib
+    from poise_trl.evaluation.bench_data import BenchError, DataRequest
+    from poise_trl.evaluation.bench_reports import compare_results, eval_results, model_id
 
     names = names or []
     try:
@@ -89,7 +89,7 @@ def bench(
             return
         if not model:
             raise BenchError("give the model to evaluate with --model (a local folder or a hub id)")
-        from poise_trl.loading import check_model_files
+        from poise_trl.core.loading import check_model_files
 
         check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before any engine starts
         columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
@@ -102,7 +102,7 @@ def bench(
                                     task_config=parse_key_values(task_config or [], "--task-config")),
         )
         if push_to_hub:
-            from poise_trl.hub import push_bench_results
+            from poise_trl.run.hub import push_bench_results
 
             push_bench_results(push_to_hub, eval_results(summary), model_id(summary["model"]))
     except user_errors() as exc:  # BenchError, DatasetFormatError, DatasetUnavailableError, HubPushError, ...
@@ -120,7 +120,7 @@ def parse_key_values(items: list[str], option: str) -> dict | None:
     """KEY=VALUE items -> {KEY: VALUE read as YAML}, or None without items."""
     import yaml
 
-    from poise_trl.bench_data import BenchError
+    from poise_trl.evaluation.bench_data import BenchError
 
     pairs = {}
     for item in items:
@@ -133,7 +133,7 @@ def parse_key_values(items: list[str], option: str) -> dict | None:
 
 def _data_files(items: list[str], names: list[str], preset: str | None) -> dict[str, str] | None:
     """--data-file values: all NAME=FILE (NAME a benchmark), or all bare FILEs, one per benchmark in order."""
-    from poise_trl.bench_data import PRESETS, BenchError
+    from poise_trl.evaluation.bench_data import PRESETS, BenchError
 
     if not items:
         return None

@@ -1,4 +1,4 @@
-"""`poise compare`: a thin Typer command over poise_trl.compare (registered by cli/main.py)."""
+"""`poise compare`: a thin Typer command over poise_trl.run.compare (registered by cli/main.py)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def compare(
     Rerun the same command to resume: complete runs are skipped, interrupted ones resume from
     their newest complete checkpoint, and runs made with other settings are refused.
     """
-    from poise_trl import compare as lib
-    from poise_trl.callbacks import Budget
     from poise_trl.cli.errors import fail, user_errors
+    from poise_trl.run import compare as lib
+    from poise_trl.run.callbacks import Budget
 
     try:
         if (budget_tokens is None) == (budget_rollouts is None):

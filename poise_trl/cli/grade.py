@@ -1,4 +1,4 @@
-"""`poise grade`: a thin Typer command over poise_trl.grade (registered by cli/main.py)."""
+"""`poise grade`: a thin Typer command over poise_trl.evaluation.grade (registered by cli/main.py)."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def grade(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output."),
 ):
     """Score existing completions with each row's verifier: mean reward per task, rewards per completion."""
-    from poise_trl import bench_data as lib
     from poise_trl.cli.bench import parse_key_values
     from poise_trl.cli.errors import fail, user_errors
-    from poise_trl.grade import run_grade
+    from poise_trl.evaluation import bench_data as lib
+    from poise_trl.evaluation.grade import run_grade
 
     try:
         columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}

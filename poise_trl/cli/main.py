@@ -16,7 +16,7 @@ from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
 from poise_trl.cli.errors import console, fail, user_errors
-from poise_trl.loading import BUNDLED_DATA
+from poise_trl.core.loading import BUNDLED_DATA
 
 # Warnings from third-party code that we cannot change, silenced by their text, each with its reason
 # (tests/test_quiet_runs.py checks that a run's stderr holds no other):
@@ -100,14 +100,14 @@ def train(
     """
     from transformers.utils import logging as hf_logging
 
-    from poise_trl.recipe import load_recipe
+    from poise_trl.run.recipe import load_recipe
 
     hf_logging.disable_progress_bar()  # the run shows its own progress; transformers' bars are noise
     try:
         spec = load_recipe(recipe, overrides)
         if push_to_hub:
             spec["push_to_hub"] = True
-        from poise_trl.train import train_from_recipe
+        from poise_trl.run.train import train_from_recipe
 
         summary = train_from_recipe(spec, output_dir=output_dir, show_progress=not no_progress, overwrite=overwrite,
                                     log=lambda line: console.print(line, highlight=False, soft_wrap=True))
@@ -155,7 +155,7 @@ def toy_build(
 ):
     """Build a world's model: the tiny Qwen3 (tokenizer, SFT with TRL, held-out accuracy, model card), or the
     random-init Qwen3 at a real shape (--world qwen3-shape)."""
-    from poise_trl.toy import WORLDS
+    from poise_trl.run.toy import WORLDS
 
     if world not in WORLDS:
         fail(f"unknown --world {world!r}; give one of {', '.join(WORLDS)}")
@@ -200,7 +200,7 @@ def toy_build_critic(
                                    "one by default)."),
 ):
     """Build the tiny critic for AsyPPO / PPO / VAPO from the tiny actor's first blocks."""
-    from poise_trl.toy import build_tiny_critic
+    from poise_trl.run.toy import build_tiny_critic
 
     output_dir = output_dir or BUNDLED_DATA / "tiny-critic"
     actor_dir = actor_dir or BUNDLED_DATA / "tiny-qwen3"

@@ -1,4 +1,4 @@
-"""`poise plan`: a thin Typer command over poise_trl.plan (registered by cli/main.py)."""
+"""`poise plan`: a thin Typer command over poise_trl.run.plan (registered by cli/main.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def plan(
     """Per-GPU memory of a recipe from the model's config alone (weights are never downloaded):
     weights, gradients, AdamW state, activations, LM head, vLLM, critics; fits or which change makes it fit."""
     from poise_trl.cli.errors import fail, user_errors
-    from poise_trl.plan import GIB, Sharding, parse_memory, plan_recipe, sharding_from_accelerate_config
-    from poise_trl.recipe import load_recipe, parse_recipe
+    from poise_trl.run.plan import GIB, Sharding, parse_memory, plan_recipe, sharding_from_accelerate_config
+    from poise_trl.run.recipe import load_recipe, parse_recipe
 
     try:
         spec = load_recipe(recipe, overrides)

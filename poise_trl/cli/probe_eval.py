@@ -1,4 +1,4 @@
-"""`poise probe-eval`: a thin Typer command over poise_trl.probe_eval (registered by cli/main.py)."""
+"""`poise probe-eval`: a thin Typer command over poise_trl.evaluation.probe_eval (registered by cli/main.py)."""
 
 from __future__ import annotations
 
@@ -87,13 +87,13 @@ def probe_eval(
     also per task, and a transfer table: the probe fit on one task, scored on each other task.
     """
     # Imported here, not at the top: `poise --help` and the other commands should not load torch for us.
-    from poise_trl import probe_eval as lib
     from poise_trl.cli.errors import fail, user_errors
+    from poise_trl.evaluation import probe_eval as lib
 
     try:
         if not model or not dataset:
             raise lib.ProbeEvalError("give the policy with --model and the prompts with --dataset")
-        from poise_trl.loading import check_model_files
+        from poise_trl.core.loading import check_model_files
 
         check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before sampling
         main_layer = lib.parse_layers([layer])

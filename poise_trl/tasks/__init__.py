@@ -23,8 +23,8 @@ import datasets
 import yaml
 
 # The module, read at call time: prompts imports tasks.math_grader, which runs this package first, so
-# `from poise_trl.prompts import ...` fails where prompts is imported before tasks (until prompts moves in).
-from poise_trl import prompts
+# `from poise_trl.tasks.prompts import ...` would fail where prompts is imported before the package.
+from poise_trl.tasks import prompts
 from poise_trl.tasks.family import TaskError, TaskFamily
 
 # family name -> module defining TASK; one line per family.

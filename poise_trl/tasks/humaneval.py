@@ -1,5 +1,5 @@
 """HumanEval (Chen et al. 2021): write a Python function from its signature and docstring; reward 1 when
-every check of the problem's tests holds (`poise_trl.sandbox.judge_many`, docs/sandbox.md).
+every check of the problem's tests holds (`poise_trl.tasks.sandbox.judge_many`, docs/sandbox.md).
 
 129 train / 35 test problems by a stable hash of the task id. The solution (the last fenced code block
 after the last `</think>`) runs in the sandbox; the problem's own `check(candidate)` runs here, each
@@ -17,7 +17,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable
 
-from poise_trl import sandbox
+from poise_trl.tasks import sandbox
 from poise_trl.tasks.family import TaskError, TaskFamily, answer_part
 
 TEST_PERCENT = 20

@@ -9,9 +9,9 @@ split is its held-out split (toy-arith's shipped test file), `size` rows of it c
 
 from __future__ import annotations
 
-from poise_trl.prompts import DATASETS, held_out_split, load_math_dataset
 from poise_trl.tasks.family import TaskError, TaskFamily
 from poise_trl.tasks.math_grader import grade_batch, is_correct
+from poise_trl.tasks.prompts import DATASETS, held_out_split, load_math_dataset
 
 
 def registered() -> list[str]:

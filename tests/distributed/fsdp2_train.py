@@ -33,7 +33,7 @@ AcceleratorState.__init__ = _fsdp_on_cpu
 from safetensors.torch import save_file  # noqa: E402
 from transformers import Trainer  # noqa: E402
 
-from poise_trl.train import train_from_recipe  # noqa: E402
+from poise_trl.run.train import train_from_recipe  # noqa: E402
 
 _trainer_train = Trainer.train
 trained = []

@@ -1,0 +1,65 @@
+"""The baselines users compare against, on GRPOTrainer's machinery: GRPO (TRL's own
+advantages) and RLOO, each also with training-free process rewards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from poise_trl.algorithms.base import AdvantageTrainer, CountingGRPOTrainer, register_algorithm
+from poise_trl.algorithms.process_rewards import (
+    PROCESS_REWARDS_HELP,
+    ProcessRewardArguments,
+    ProcessRewardMixin,
+)
+from poise_trl.core import estimators
+
+
+@dataclass
+class RLOOConfig(GRPOConfig):
+    """GRPO settings; the advantage is r_i minus the mean reward of the other rollouts of
+    the prompt, with no std scaling (Kool et al. 2019; TRL's RLOO default)."""
+
+    scale_rewards: str = field(default="none", metadata={"help": "No std division of the advantages."})
+
+
+class RLOOTrainer(AdvantageTrainer):
+    """Leave-one-out baseline on GRPOTrainer (not `trl.RLOOTrainer`, so every algorithm
+    here shares one generation, loss and logging path)."""
+
+    def compute_advantages(self, rewards, output):
+        return self.local_rows(estimators.rloo_advantages(rewards, self.num_generations))
+
+
+@dataclass
+class GRPOProcessConfig(ProcessRewardArguments, GRPOConfig):
+    """GRPOConfig plus the process-reward settings, switched on."""
+
+    process_rewards: bool = field(default=True, metadata={"help": PROCESS_REWARDS_HELP})
+
+
+class GRPOProcessTrainer(ProcessRewardMixin, CountingGRPOTrainer):
+    """TRL's GRPO (its own group-normalized outcome advantages) plus process rewards."""
+
+
+@dataclass
+class RLOOProcessConfig(ProcessRewardArguments, RLOOConfig):
+    """RLOOConfig plus the process-reward settings, switched on."""
+
+    process_rewards: bool = field(default=True, metadata={"help": PROCESS_REWARDS_HELP})
+
+
+class RLOOProcessTrainer(ProcessRewardMixin, RLOOTrainer):
+    """Leave-one-out outcome advantages plus process rewards."""
+
+
+register_algorithm("grpo", GRPOConfig, CountingGRPOTrainer, "GRPO",
+                   "TRL's GRPO: group-mean baseline scaled by the group std",
+                   card="GRPO: group-mean baseline scaled by the group standard deviation")
+register_algorithm("rloo", RLOOConfig, RLOOTrainer, "RLOO", "leave-one-out baseline, no std scaling",
+                   card="RLOO: leave-one-out baseline")
+register_algorithm("grpo_process", GRPOProcessConfig, GRPOProcessTrainer, "GRPO",
+                   "GRPO + training-free process rewards")
+register_algorithm("rloo_process", RLOOProcessConfig, RLOOProcessTrainer, "RLOO",
+                   "RLOO + training-free process rewards")

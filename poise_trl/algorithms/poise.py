@@ -1,0 +1,613 @@
+"""POISE (arXiv 2605.07579): the baseline of each of 2 rollouts is a linear probe's prediction
+from the OTHER rollout's hidden-state and entropy features, A_1 = r_1 - g(z_2), A_2 = r_2 - g(z_1).
+
+Inside TRL's `_generate_and_score_completions`: features are read from TRL's own no-grad pass, or
+during `generate`, or (fallback) from a pass of POISE's own (`probe/features_from_<source>`); then
+predict with the previous round's probe, freeze the advantages, log, append to the buffer and refit.
+RLOO while the buffer fills. Options beyond the paper: `probe_inputs: prompt` and probe-guided
+`prompt_selection`. Equations, settings and what selection does to the objective: docs/algorithms.md
+("POISE"); the TRL methods it overrides: docs/trl.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOConfig
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import pad
+
+from poise_trl.algorithms.base import (
+    AdvantageTrainer,
+    CompareTable,
+    PromptStream,
+    RunCallback,
+    Signal,
+    checkpoint_folder,
+    logged,
+    register_algorithm,
+)
+from poise_trl.algorithms.process_rewards import (
+    PROCESS_REWARDS_HELP,
+    ProcessRewardArguments,
+    ProcessRewardMixin,
+)
+from poise_trl.core import estimators
+from poise_trl.core.distributed import summed_over_processes
+from poise_trl.core.metrics import calibration_bins, mean_or_none
+from poise_trl.core.provenance import package_versions, write_json
+from poise_trl.probe.estimator import PROBE_INPUTS, ProbeEstimator, probe_metrics
+from poise_trl.probe.features import (
+    CaptureUnavailable,
+    GenerationCapture,
+    HiddenStateCapture,
+    RolloutFeatures,
+    build_rollout_features,
+    decoder_layers,
+    extract_prompt_vectors,
+    resolve_layer_index,
+)
+
+PROBE_STATE_FILE = "poise_probe.safetensors"
+FEATURE_SOURCES = ("trl_pass", "generation", "extra_pass")
+SELECTION_STATE_FILE = "poise_selection.json"
+
+
+@dataclass
+class POISEConfig(GRPOConfig):
+    """GRPOConfig plus the POISE probe. Defaults for the RL part follow the reference run
+    (docs/algorithms.md, "RL settings of the reference run"): 2 rollouts per prompt, clip 0.2/0.28,
+    token-mean loss, no KL."""
+
+    num_generations: int | None = field(default=2, metadata={"help": "Rollouts per prompt (POISE's pair)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip range (clip-higher)."})
+    loss_type: str = field(default="dapo", metadata={"help": "Token-mean loss over the batch."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient: no KL term."})
+    scale_rewards: str = field(default="none", metadata={"help": "No std division of the advantages."})
+
+    probe_layer: float = field(
+        default=0.55,
+        metadata={"help": "Decoder block whose output feeds the probe: a fraction of depth in (0, 1] "
+                          "(0.55 -> block 19 of Qwen3-4B's 36) or an integer block index."},
+    )
+    probe_pool_tokens: int = field(
+        default=10, metadata={"help": "Hidden states averaged for the prompt and the response vector."}
+    )
+    probe_prompt_components: int = field(default=32, metadata={"help": "PCA dims of the prompt vector."})
+    probe_response_components: int = field(default=64, metadata={"help": "PCA dims of the response vector."})
+    probe_use_pca: bool = field(
+        default=True, metadata={"help": "False: ridge on the standardized raw features (no PCA)."}
+    )
+    probe_ridge_alpha: float = field(default=100.0, metadata={"help": "Ridge penalty (intercept unpenalized)."})
+    probe_buffer_rows: int = field(
+        default=4096, metadata={"help": "FIFO buffer capacity in rows; whole prompt groups are evicted."}
+    )
+    probe_bootstrap_steps: int = field(
+        default=16, metadata={"help": "Generation rounds trained with RLOO while the buffer fills; the "
+                                      "probe is first fit at the end of this round."}
+    )
+    probe_domain_column: str | None = field(
+        default=None, metadata={"help": "Dataset column keying a separate probe + buffer per domain."}
+    )
+    probe_fit: str = field(
+        default="fast",
+        metadata={"help": "PCA of the probe refit: 'fast' (randomized subspace iteration warm-started from "
+                          "the previous step, O(N d k)) or 'exact' (eigh of the d x d scatter, O(d^3))."},
+    )
+
+    probe_inputs: str = field(
+        default="full",
+        metadata={"help": "What the probe reads: 'full' (prompt + response vectors + entropies, the paper) or "
+                          "'prompt' (the prompt vector alone: a baseline b(x) of the prompt, a control)."},
+    )
+    prompt_selection: bool = field(
+        default=False,
+        metadata={"help": "Probe-guided prompt selection: score a larger pool of prompts with a prompt-only probe "
+                          "and roll out those with the highest predicted p(1-p), plus a random floor."},
+    )
+    prompt_selection_pool: int = field(
+        default=2, metadata={"help": "Candidate prompts scored per prompt rolled out (an integer >= 2)."}
+    )
+    prompt_selection_random_fraction: float = field(
+        default=0.25,
+        metadata={"help": "Share of the rolled-out prompts drawn uniformly from the pool, so that the probe keeps "
+                          "seeing the whole distribution and every prompt stays possible."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_generations < 2:
+            raise ValueError("POISE needs num_generations >= 2: each rollout's baseline comes from another rollout")
+        if self.probe_fit not in ("fast", "exact"):
+            raise ValueError(f"probe_fit must be 'fast' or 'exact', got {self.probe_fit!r}")
+        if self.probe_inputs not in PROBE_INPUTS:
+            raise ValueError(f"probe_inputs must be one of {PROBE_INPUTS}, got {self.probe_inputs!r}")
+        if self.prompt_selection_pool < 2:
+            raise ValueError(f"prompt_selection_pool must be an integer >= 2, got {self.prompt_selection_pool}")
+        if not 0.0 <= self.prompt_selection_random_fraction <= 1.0:
+            raise ValueError(f"prompt_selection_random_fraction must be in [0, 1], got {self.prompt_selection_random_fraction}")
+
+
+def informativeness(predicted: torch.Tensor) -> torch.Tensor:
+    """p(1 - p) of each predicted success rate p (clipped to [0, 1]); NaN (no fitted probe for the
+    domain) counts as p = 0.5, the most informative."""
+    p = torch.nan_to_num(predicted.double(), nan=0.5).clamp(0.0, 1.0)
+    return p * (1 - p)
+
+
+def select_prompts(predicted: torch.Tensor, k: int, random_count: int,
+                   generator: torch.Generator) -> tuple[list[int], list[bool]]:
+    """The `k` of `len(predicted)` candidate prompts to roll out, and which came from the random floor.
+
+    First `random_count` candidates uniformly without replacement (the floor), then, from the
+    rest, the `k - random_count` with the highest predicted p(1 - p) (p clipped to [0, 1]; ties
+    keep candidate order). Unavailable predictions (NaN: no fitted probe for the domain) count
+    as p = 0.5, the most informative, so a new domain gets rolled out and learned.
+    """
+    n = predicted.numel()
+    if not 0 <= random_count <= k <= n:
+        raise ValueError(f"need 0 <= random_count ({random_count}) <= k ({k}) <= candidates ({n})")
+    floor = torch.randperm(n, generator=generator)[:random_count].tolist()
+    scores = informativeness(predicted)
+    scores[floor] = -1.0  # already chosen
+    # Stable descending sort: among equal scores the earlier candidate wins.
+    ranked = torch.sort(scores, descending=True, stable=True).indices[: k - random_count].tolist()
+    return floor + ranked, [True] * len(floor) + [False] * len(ranked)
+
+
+class POISETrainer(AdvantageTrainer):
+    """GRPOTrainer whose baseline is a linear probe on the policy's own hidden states."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cfg = self.args
+        self.value_estimator = ProbeEstimator(
+            prompt_components=cfg.probe_prompt_components,
+            response_components=cfg.probe_response_components,
+            ridge_alpha=cfg.probe_ridge_alpha,
+            use_pca=cfg.probe_use_pca,
+            capacity_rows=cfg.probe_buffer_rows,
+            bootstrap_steps=cfg.probe_bootstrap_steps,
+            per_domain=cfg.probe_domain_column is not None,
+            fit_method=cfg.probe_fit,
+            device=self._probe_device(),
+            inputs=cfg.probe_inputs,
+            prompt_probe=cfg.prompt_selection and cfg.probe_inputs == "full",
+        )
+        think_end = self.processing_class.convert_tokens_to_ids("</think>")
+        # Without a `</think>` token the response vector pools the last completion tokens.
+        self.think_end_id = think_end if think_end != self.processing_class.unk_token_id else -1
+        self.probe_layer_index = self._resolve_layer()
+        self.probe_history: list[dict] = []
+        self._capture_armed = False
+        self._step_features: RolloutFeatures | None = None
+        self.generation_capture_blocker = self._generation_capture_blocker()
+        self._capture_generation = False
+        self._generation_capture: GenerationCapture | None = None
+        self.feature_sources = dict.fromkeys(FEATURE_SOURCES, 0)  # generation rounds per source
+        self._fallback_warned: set[str] = set()
+        self.check_groups_stay_on_one_process(
+            "a prompt's rollouts would straddle two processes and the cross-rollout pairs would break"
+        )
+        # Probe-guided selection: the extra-prompt stream's position and the counters (saved with
+        # checkpoints), and which rolled-out prompt groups of this step came from the random floor.
+        self.selection_batches_drawn = 0
+        self.selection_counts = {"candidates_scored": 0, "prompts_skipped": 0, "prefill_tokens": 0}
+        self._selection_stream: PromptStream | None = None
+        self._step_floor: torch.Tensor | None = None
+
+    def _probe_device(self) -> torch.device:
+        """The probe refits on the policy's GPU when it has one (the refit is in the step's critical
+        path, and there it takes milliseconds), else on the CPU."""
+        device = self.accelerator.device
+        return device if device.type == "cuda" else torch.device("cpu")
+
+    def _resolve_layer(self) -> int:
+        blocks = decoder_layers(self.accelerator.unwrap_model(self.model))
+        return resolve_layer_index(len(blocks), self.args.probe_layer)
+
+    # -- feature capture ------------------------------------------------------------------
+
+    def _generation_capture_blocker(self) -> str | None:
+        """Why this run cannot read the features while TRL generates (None: it can)."""
+        if self.use_vllm:
+            return "vLLM generates the completions"
+        if self.use_transformers_continuous_batching:
+            return "transformers continuous batching generates the completions"
+        if self.rollout_func is not None or self.tools or self.environment_factories is not None:
+            return "a rollout function or tool calls build the completions from several generate calls"
+        if self._is_vlm:
+            return "a vision-language model"
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            return "sharded weights: the closing decode step would run outside TRL's gathering context"
+        return None
+
+    def _trl_runs_no_grad_pass(self) -> bool:
+        """Mirrors TRL's condition for computing `old_per_token_logps` (grpo_trainer.py)."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every != 0 or (
+            self.use_vllm and self.vllm_importance_sampling_correction
+        )
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                           batch_size=None, compute_entropy=False, **kwargs):
+        if not self._capture_armed or model is not self.model or torch.is_grad_enabled():
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
+            )
+        self._capture_armed = False  # one capture per round: later passes (reference) are not ours
+        completion_ids = input_ids[:, -logits_to_keep:]
+        completion_mask = attention_mask[:, -logits_to_keep:]
+        prompt_mask = attention_mask[:, :-logits_to_keep]
+        layer = self.probe_layer_index
+        with HiddenStateCapture(self.accelerator.unwrap_model(model), [layer], self.args.probe_pool_tokens) as cap:
+            cap.set_batch(prompt_mask, completion_ids, completion_mask, self.think_end_id)
+            with cap.capturing():
+                logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size, True, **kwargs
+                )
+            prompt_vec, response_vec = cap.pop()[layer]
+        self._step_features = build_rollout_features(
+            prompt_vec, response_vec, entropies, completion_ids, completion_mask, self.think_end_id
+        )
+        return logps, entropies if compute_entropy else None, aux
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        self._step_features = None
+        self._step_floor = None
+        if self.args.prompt_selection and not self.value_estimator.in_bootstrap:
+            inputs = self._select_prompts(inputs)
+        self._capture_armed = self._trl_runs_no_grad_pass()
+        self._generation_capture = None
+        self._capture_generation = not self._capture_armed and self.generation_capture_blocker is None
+        return super()._generate_and_score_completions(inputs)
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if not self._capture_generation:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        self._capture_generation = False  # one generate call per round in this path
+        args = self.args
+        with GenerationCapture(self.accelerator.unwrap_model(self.model), self.probe_layer_index, self.eos_token_ids,
+                               self.think_end_id, self.temperature, args.probe_pool_tokens) as capture:
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            with torch.no_grad(), disable_gradient_checkpointing(self.model, args.gradient_checkpointing_kwargs):
+                capture.finish(completion_ids, self._tokenizer.pad_token_id)
+        self._generation_capture = capture
+        return completion_ids, logprobs
+
+    # -- probe-guided prompt selection (docs/algorithms.md) -----------------------------------
+
+    def _select_prompts(self, inputs: list[dict]) -> list[dict]:
+        """This process's rows (k prompts x num_generations) -> the k prompts chosen from a pool of
+        `prompt_selection_pool` x k, each repeated num_generations times."""
+        cfg, group_size = self.args, self.num_generations
+        own = inputs[::group_size]
+        k = len(own)
+        if self._selection_stream is None:
+            # + 2 on the seed: neither TRL's sampler order nor DAPO's stream.
+            self._selection_stream = PromptStream(
+                len(self.train_dataset), k, self.accelerator.num_processes, self.accelerator.process_index,
+                seed=cfg.seed + 2, start=self.selection_batches_drawn,
+            )
+        candidates = list(own)
+        for _ in range(cfg.prompt_selection_pool - 1):
+            candidates += [self.train_dataset[i] for i in next(self._selection_stream)]
+            self.selection_batches_drawn += 1
+        prompt_ids, prompt_mask = self._tokenized_prompts([row["prompt"] for row in candidates])
+        with disable_gradient_checkpointing(self.model, cfg.gradient_checkpointing_kwargs):
+            vectors = extract_prompt_vectors(self.model, prompt_ids, prompt_mask, self.probe_layer_index,
+                                             cfg.per_device_train_batch_size, cfg.probe_pool_tokens)
+        domains = None
+        if cfg.probe_domain_column is not None:
+            domains = [str(row.get(cfg.probe_domain_column, "default")) for row in candidates]
+        predicted, _ = self.value_estimator.predict_prompts(vectors, domains)
+        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.state.global_step * 1_009
+                                                  + self.accelerator.process_index)
+        floor_count = min(k, math.ceil(cfg.prompt_selection_random_fraction * k))
+        chosen, from_floor = select_prompts(predicted, k, floor_count, generator)
+        self._step_floor = torch.tensor(from_floor)
+        self._log_selection(predicted, chosen, len(candidates), int(prompt_mask.sum()))
+        return [candidates[i] for i in chosen for _ in range(group_size)]
+
+    def _tokenized_prompts(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and mask, tokenized exactly as TRL tokenizes for generation."""
+        ids, _, _ = self._tokenize_prompts(prompts)
+        ids = [torch.tensor(row) for row in ids]
+        masks = [torch.ones_like(row) for row in ids]
+        pad_id = self.processing_class.pad_token_id
+        return pad(ids, padding_value=pad_id, padding_side="left"), pad(masks, padding_value=0, padding_side="left")
+
+    def _log_selection(self, predicted: torch.Tensor, chosen: list[int], scored: int, prefill_tokens: int) -> None:
+        scored_all, skipped_all, tokens_all = summed_over_processes(
+            self.accelerator, [scored, scored - len(chosen), prefill_tokens])
+        counts = self.selection_counts
+        counts["candidates_scored"] += int(scored_all)
+        counts["prompts_skipped"] += int(skipped_all)
+        counts["prefill_tokens"] += int(tokens_all)
+        # The prefill pass is compute spent on prompts: charged to the token budget as generated tokens.
+        self.generated_tokens += int(tokens_all)
+        self.pending_logs.update({f"selection/{name}": float(value) for name, value in counts.items()})
+        scores = informativeness(predicted)
+        metrics = self._metrics["train"]
+        metrics["selection/informativeness_pool"].append(scores.mean().item())
+        metrics["selection/informativeness_rolled_out"].append(scores[chosen].mean().item())
+
+    def _features_for(self, output: dict) -> RolloutFeatures:
+        """This round's features: from TRL's own no-grad pass, from its generate call, or from one
+        chunked pass here (docs/algorithms.md, "Features z")."""
+        features, source = self._step_features, "trl_pass"
+        if features is None and self._generation_capture is not None:
+            try:
+                features = self._generation_capture.features(output["completion_ids"], output["completion_mask"])
+                source = "generation"
+            except CaptureUnavailable as reason:
+                self._warn_fallback(str(reason))
+        elif features is None and self.generation_capture_blocker is not None:
+            self._warn_fallback(self.generation_capture_blocker)
+        if features is None:
+            features, source = self._extra_pass_features(output), "extra_pass"
+        self._step_features = self._generation_capture = None
+        self.feature_sources[source] += 1
+        for name in FEATURE_SOURCES:
+            self._metrics["train"][f"probe/features_from_{name}"].append(float(name == source))
+        return self._gather_features(features)
+
+    def _extra_pass_features(self, output: dict) -> RolloutFeatures:
+        """One chunked no-grad policy pass over prompt + completion, the hooks riding on it."""
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        self._capture_armed = True
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            self._get_per_token_logps_and_entropies(
+                self.model, ids, mask, output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        features, self._step_features = self._step_features, None
+        return features
+
+    def _warn_fallback(self, reason: str) -> None:
+        if reason not in self._fallback_warned:
+            self._fallback_warned.add(reason)
+            warnings.warn(f"POISE features: {reason}; running one extra policy pass per round instead", stacklevel=2)
+
+    def _gather_features(self, features: RolloutFeatures) -> RolloutFeatures:
+        if self.accelerator.num_processes == 1:
+            return features
+        device = self.accelerator.device
+        gathered = [self.accelerator.gather(t.to(device)).cpu() for t in (features.prompt, features.response, features.entropy)]
+        return RolloutFeatures(*gathered)
+
+    # -- advantages -------------------------------------------------------------------------
+
+    def compute_advantages(self, rewards, output):
+        features = self._features_for(output)
+        group_size = self.num_generations
+        rewards_cpu = rewards.detach().to("cpu", torch.float32)
+        domains = self._domains()
+        if self._step_floor is not None:
+            self._log_selection_outcome(rewards_cpu, group_size)
+
+        # The probe's order (docs/algorithms.md): predict with the previous fit, freeze, log, refit.
+        predictions, available = self.value_estimator.predict(features, domains)
+        available_groups = available.view(-1, group_size).all(dim=1).repeat_interleave(group_size)
+        poise_adv, baselines = estimators.cross_rollout_advantages(
+            rewards_cpu, torch.nan_to_num(predictions), group_size
+        )
+        rloo_adv = estimators.rloo_advantages(rewards_cpu, group_size)
+        advantages = torch.where(available_groups, poise_adv, rloo_adv)
+        baselines = torch.where(available_groups, baselines, rewards_cpu - rloo_adv)
+        self._log_probe_step(predictions, available_groups, rewards_cpu, baselines, advantages, group_size)
+        self.table_columns["baseline"] = baselines.tolist()
+        refit_stats = self.value_estimator.update(features, rewards_cpu, group_size, domains)
+        for name, value in refit_stats.items():
+            self._metrics["train"][f"probe/{name}"].append(value)
+        return self.local_rows(advantages.to(rewards.device))
+
+    def _log_selection_outcome(self, rewards: torch.Tensor, group_size: int) -> None:
+        """Share of zero-signal groups (all rewards equal) among the prompts the probe chose and
+        among the random floor's, in this step: the within-run control of what selection buys."""
+        floor = self._step_floor.to(self.accelerator.device)
+        floor = self.accelerator.gather(floor).cpu() if self.accelerator.num_processes > 1 else floor.cpu()
+        grouped = rewards.view(-1, group_size)
+        zero_signal = (grouped == grouped[:, :1]).all(dim=1)
+        metrics = self._metrics["train"]
+        for name, rows in (("floor", floor), ("probe", ~floor)):
+            if rows.any():
+                metrics[f"selection/zero_signal_{name}"].append(zero_signal[rows].float().mean().item())
+
+    def _domains(self) -> list[str] | None:
+        column = self.args.probe_domain_column
+        if column is None:
+            return None
+        local = [str(row.get(column, "default")) for row in self._step_inputs]
+        return gather_object(local) if self.accelerator.num_processes > 1 else local
+
+    def _log_probe_step(self, predictions, available, rewards, baselines, advantages, group_size) -> None:
+        metrics = self._metrics["train"]
+        metrics["probe/active_fraction"].append(available.float().mean().item())
+        # A == r - b must hold exactly: the baseline never leaks into anything else.
+        metrics["probe/invariant_max_abs_error"].append((advantages - (rewards - baselines)).abs().max().item())
+        record = {"step": self.state.global_step, "probe_active": bool(available.any())}
+        if available.any():
+            targets = estimators.leave_one_out_targets(rewards, group_size)
+            online = probe_metrics(predictions[available], targets[available], rewards[available], baselines[available])
+            for name, value in online.items():
+                metrics[f"probe/{name}"].append(value)
+            record.update(online, predictions=predictions[available].tolist(), targets=targets[available].tolist())
+        else:
+            vr = estimators.variance_reduction_ratio(rewards, baselines)
+            metrics["probe/variance_reduction"].append(vr)
+            record["variance_reduction"] = vr
+        self.probe_history.append(record)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save_side_state(self, checkpoint: Path) -> None:
+        self.value_estimator.save(checkpoint)
+        if self.args.prompt_selection:
+            # Every process draws the same number of stream batches: one state file serves all.
+            write_json(checkpoint / SELECTION_STATE_FILE,
+                       {"batches_drawn": self.selection_batches_drawn, "counts": self.selection_counts})
+
+    def load_side_state(self, checkpoint: Path) -> None:
+        if not (checkpoint / PROBE_STATE_FILE).exists():
+            raise FileNotFoundError(
+                f"checkpoint {checkpoint} has no POISE probe state ({PROBE_STATE_FILE}): it was not written by "
+                "POISETrainer, or was copied without it. Resuming would silently restart the probe; start a fresh "
+                "run instead, or resume from a POISE checkpoint."
+            )
+        self.value_estimator = ProbeEstimator.load(checkpoint, device=self._probe_device())
+        if self.args.prompt_selection:
+            state_file = checkpoint / SELECTION_STATE_FILE
+            if not state_file.exists():
+                raise FileNotFoundError(
+                    f"checkpoint {checkpoint} has no prompt-selection state ({SELECTION_STATE_FILE}): it was written "
+                    "without prompt_selection. Resume it with prompt_selection: false, or start a fresh run.")
+            state = json.loads(state_file.read_text())
+            self.selection_batches_drawn, self.selection_counts = state["batches_drawn"], state["counts"]
+            self._selection_stream = None
+
+
+PROBE_HISTORY_FILE = "probe_history.json"
+
+
+class ProbeReport(RunCallback):
+    """At the end of training, `probe_report.json` (online probe metrics per round, probe config, final
+    counters) and `probe_values.png` (predicted vs realized value). The per-round history goes into
+    every checkpoint and comes back on resume, so the report of a resumed run covers all its rounds."""
+
+    report: dict | None = None
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            write_json(checkpoint_folder(args.output_dir, state.global_step) / PROBE_HISTORY_FILE,
+                       {"history": self.trainer.probe_history})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.resume_from:
+            self.restore(self.resume_from)
+
+    def restore(self, checkpoint: str) -> None:
+        path = Path(checkpoint) / PROBE_HISTORY_FILE
+        if path.exists():
+            self.trainer.probe_history = json.loads(path.read_text())["history"]
+        else:
+            warnings.warn(f"{checkpoint} has no {PROBE_HISTORY_FILE}: probe_report.json covers only the "
+                          "rounds after it", stacklevel=2)
+
+    def finish(self, args, state, control) -> None:
+        self.restore(self.resume_from)  # the report a kill after the last checkpoint may have cut off
+        self.on_train_end(args, state, control)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        history = self.trainer.probe_history
+        active = [h for h in history if h.get("probe_active")]
+        keys = ("mae", "rmse", "pearson", "brier_skill", "pairwise_sign_acc", "variance_reduction")
+        estimator = self.trainer.value_estimator
+        self.report = {
+            "rounds": len(history),
+            "probe_active_rounds": len(active),
+            "online_mean_after_bootstrap": {k: mean_or_none([h[k] for h in active if k in h]) for k in keys},
+            "per_round": [{k: v for k, v in h.items() if k not in ("predictions", "targets")}
+                          for h in history],
+            "probe_config": estimator.config,
+            "probe_layer_index": self.trainer.probe_layer_index,
+            "refit_count": estimator.refit_count,
+            "calibration": calibration_bins(active),
+            "trainer_config": args.to_dict(),
+            "versions": package_versions(),
+        }
+        out = Path(self.output_dir)
+        write_json(out / "probe_report.json", self.report)
+        if active:
+            plot_predicted_vs_realized(self.report["calibration"], active, out / "probe_values.png")
+
+    def summary(self) -> dict:
+        if self.report is None:
+            return {}
+        keys = ("rounds", "probe_active_rounds", "online_mean_after_bootstrap")
+        return {"probe": {k: self.report[k] for k in keys}}
+
+
+def plot_predicted_vs_realized(calibration: list[dict], records: list[dict], path) -> None:
+    # matplotlib only where a figure is drawn (it takes a second to import); Agg before pyplot loads
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = [c["mean_predicted"] for c in calibration]
+    ys = [c["mean_realized"] for c in calibration]
+    left.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
+    left.plot(xs, ys, "o-", label="probe")
+    for x, y, c in zip(xs, ys, calibration, strict=True):
+        left.annotate(str(c["count"]), (x, y), textcoords="offset points", xytext=(0, 6), fontsize=7,
+                      ha="center")
+    left.set(xlabel="probe prediction (out of sample, binned)", ylabel="mean realized reward",
+             title="POISE probe: predicted vs realized", xlim=(0, 1), ylim=(0, 1))
+    left.legend()
+    steps = [r["step"] for r in records]
+    right.plot(steps, [r["mae"] for r in records], label="online MAE")
+    right.plot(steps, [r["variance_reduction"] for r in records], label="variance reduction")
+    right.set(xlabel="step", title="probe quality over training")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+@dataclass
+class POISEProcessConfig(ProcessRewardArguments, POISEConfig):
+    """POISEConfig plus the process-reward settings, switched on."""
+
+    process_rewards: bool = field(default=True, metadata={"help": PROCESS_REWARDS_HELP})
+
+
+class POISEProcessTrainer(ProcessRewardMixin, POISETrainer):
+    """POISE's cross-rollout outcome advantages plus process rewards. The V(prefix) passes call
+    the model directly, outside the probe's hidden-state capture, so they add no features."""
+
+
+def probe_signal(key: str):
+    # the probe's metrics exist only where it gave the baselines (its MAE is logged only then)
+    return lambda entry: entry.get(key) if entry.get("probe/mae") is not None else None
+
+
+POISE_DECLARES = dict(
+    min_generations_reason="each rollout's baseline comes from another rollout of the same prompt",
+    callbacks=(ProbeReport,), run_files=("probe_report.json", "probe_values.png"),
+    # one probe and buffer per task, as POISE's official code keeps one per domain (null: one shared probe)
+    task_mix_settings={"probe_domain_column": "task"},
+    signals={"probe/variance_reduction": Signal("POISE variance reduction", "POISE VR",
+                                                 probe_signal("probe/variance_reduction")),
+             "probe/mae": Signal("POISE probe MAE", "probe MAE", logged("probe/mae"))},
+    compare_tables=(CompareTable("selection", "prompt selection (means over seeds: counters at the end, "
+                                 "shares over training)", {
+        "selection/candidates_scored": ("candidates scored", "last"),
+        "selection/prompts_skipped": ("prompts skipped", "last"),
+        "selection/prefill_tokens": ("prefill tokens", "last"),
+        "selection/zero_signal_probe": ("zero-signal (probe's picks)", "mean"),
+        "selection/zero_signal_floor": ("zero-signal (random floor)", "mean"),
+        "selection/informativeness_pool": ("p(1-p) pool", "mean"),
+        "selection/informativeness_rolled_out": ("p(1-p) rolled out", "mean")}),),
+)
+register_algorithm(
+    "poise", POISEConfig, POISETrainer, "POISE", "2 rollouts, cross-rollout baseline from a hidden-state probe",
+    card="POISE: 2 rollouts per prompt, each rollout's baseline predicted by a linear probe on the policy's hidden "
+         "states and entropies from the other rollout", **POISE_DECLARES)
+register_algorithm("poise_process", POISEProcessConfig, POISEProcessTrainer, "POISE",
+                   "POISE + training-free process rewards", **POISE_DECLARES)

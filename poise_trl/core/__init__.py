@@ -1,0 +1,1 @@
+"""Pure math and plumbing used everywhere: estimators, metrics, provenance, loading."""

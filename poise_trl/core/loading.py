@@ -1,0 +1,136 @@
+"""Loading a model's files: where a recipe's model name points, its tokenizer, and a check of its files
+before any of them is loaded. Training and evaluation both load through here."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlparse
+
+from huggingface_hub import constants
+
+
+class RecipeError(ValueError):
+    """A recipe, an override or a model path the user must fix; the message says how."""
+
+# Recipes name the bundled assets (poise_trl/data/, shipped as package data) as `data/...`.
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_DATA = PACKAGE_ROOT / "data"
+
+
+def resolve_model_path(model: str) -> str:
+    """Recipes name the bundled model relative to the package (`data/tiny-qwen3`);
+    anything else is a local path or a hub id handed to transformers as is."""
+    if not Path(model).exists() and (PACKAGE_ROOT / model).exists():
+        return str(PACKAGE_ROOT / model)
+    return model
+
+
+def hub_unreachable(timeout: float = 1.0) -> str | None:
+    """Why the Hub cannot be reached from here, or None. One TCP connect of at most `timeout`
+    seconds, instead of the 25-55 s of retries `datasets` spends before failing offline."""
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError as exc:
+        return f"{host} is unreachable: {exc.strerror or exc.__class__.__name__}"
+    return None
+
+
+def load_tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    check_model_files(model)
+    if not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
+        if reason := hub_unreachable():
+            raise RecipeError(f"model {model!r} is not a local folder and the Hugging Face Hub is unreachable here "
+                              f"({reason}): give a local model folder, or set HF_HUB_OFFLINE=1 to use the hub cache")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except OSError as exc:
+        raise RecipeError(
+            f"cannot load a tokenizer from {model!r}: {exc.__class__.__name__}. Give a local model folder or a hub id "
+            "(offline runs need the model in the local cache; the bundled tiny model is data/tiny-qwen3)"
+        ) from None
+    require_chat_template(tokenizer, f"model {model!r}")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_causal_lm(model: str):
+    """The policy for evaluation (bf16 on a GPU, float32 on a CPU), on the GPU when there is one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    check_model_files(model)
+    cuda = torch.cuda.is_available()
+    try:
+        with quiet_transformers():
+            loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if cuda else torch.float32)
+    except OSError as exc:
+        raise RecipeError(f"cannot load the model {model!r}: {exc.__class__.__name__}: {exc}") from None
+    return loaded.to("cuda" if cuda else "cpu")
+
+
+@contextmanager
+def quiet_transformers():
+    """transformers' load reports and progress bars off: the tools show their own progress, and a new
+    value head is missing from a checkpoint by design."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def require_chat_template(tokenizer, model_name: str = "the model") -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"{model_name} has no chat template, but poise-trl feeds conversational prompts. "
+            "Use an instruct/chat checkpoint or set `tokenizer.chat_template` and save the tokenizer."
+        )
+
+
+MODEL_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "generation_config.json", "adapter_config.json")
+
+
+def check_model_files(folder: str | Path) -> None:
+    """A truncated or corrupt weights, config or tokenizer file in a local model folder (or a
+    checkpoint) gives one line naming it, before any of it is loaded. Reads only the
+    safetensors headers and the small JSON files, so it costs milliseconds on a 4B model."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return  # a hub id: transformers resolves and checks it
+    for name in MODEL_JSON_FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                json.loads(path.read_text())
+            except (ValueError, UnicodeDecodeError):
+                raise RecipeError(f"{path} is not valid JSON (truncated or corrupt): restore or rebuild that file") from None
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights and not any(folder.glob("*.bin")) and (folder / "config.json").is_file():
+        raise RecipeError(f"model folder {folder} has a config.json but no weights (*.safetensors): copy the weights "
+                          "into it, or give another model")
+    from safetensors import safe_open
+
+    for path in weights:
+        try:
+            with safe_open(str(path), "pt") as handle:
+                handle.keys()
+        except Exception as exc:  # safetensors raises its own error type for every kind of damage
+            raise RecipeError(f"{path} is truncated or corrupt ({exc}): restore or rebuild that file") from None

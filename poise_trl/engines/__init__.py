@@ -1,0 +1,1 @@
+"""Generation engines: transformers and vLLM (colocated or as a server)."""

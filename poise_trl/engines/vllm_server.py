@@ -1,0 +1,205 @@
+"""Training against a vLLM server (`vllm_mode: server`): the server poise-trl starts, the weight sync where
+there is no GPU, and one error line when the server stops answering.
+
+`python -m poise_trl.engines.vllm_server --model MODEL --port PORT [vllm serve options]` runs vLLM's OpenAI server
+with what `trl vllm-serve` adds, plus this module's worker extension (the CPU build's `vllm` command fails
+at start). On a GPU, TRL syncs weights over NCCL; without one, the trainer writes them (a LoRA adapter
+merged) to one safetensors file and every worker reloads it through vLLM's `/collective_rpc`
+(`WeightReload`), so server and trainer share a file system. docs/engines.md ("vLLM server mode").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import weakref
+from contextlib import contextmanager
+from pathlib import Path
+
+WEIGHTS_FILE = "model.safetensors"
+RELOAD_METHOD = "reload_weights_from_file"
+
+
+class VLLMServerError(ValueError):
+    """The vLLM server a run trains against cannot be used (not answering, or not started by this module).
+    A ValueError, so the CLI reports it in one `error:` line."""
+
+
+class WeightReload:
+    """vLLM worker extension (`--worker-extension-cls poise_trl.engines.vllm_server.WeightReload`): the worker
+    methods `/collective_rpc` calls to reload weights on a machine without NCCL."""
+
+    def reload_weights_from_file(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        # vLLM's reload repacks every layer it loads for the CPU kernels (vLLM's own `reload_weights`).
+        self.model_runner.reload_weights(weights_iterator=iter(load_file(path).items()))
+        refresh_tied_output_layers(self.model_runner.get_model())
+
+    def can_reload_weights_from_file(self) -> bool:
+        return True
+
+
+def refresh_tied_output_layers(model) -> None:
+    """A tied LM head loads nothing of its own (its weight is the embedding's), so the reload skips it
+    (vLLM 0.31 logs "ParallelLMHead: Failed to load weights") and, on a CPU, its matmul keeps the copy
+    of the old weights it packed at load time. Repacking every embedding-like layer from its current
+    weight fixes that; on a GPU the processing is a no-op."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedEmbeddingMethod) and module.weight.numel():
+            method.process_weights_after_loading(module)
+
+
+def file_weight_sync_generation():
+    """TRL's `VLLMGeneration` whose server mode, on a machine without CUDA, syncs through a file. Defined on
+    demand: TRL's generation modules import vLLM, which a run without it must not need."""
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    class FileSyncVLLMGeneration(VLLMGeneration):
+        def _syncs_through_file(self) -> bool:
+            return self.mode == "server" and self.accelerator.device.type != "cuda"
+
+        def _init_vllm(self):
+            if not self._syncs_through_file():
+                return super()._init_vllm()
+            if self.accelerator.is_main_process:
+                base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+                self.vllm_client = VLLMClient(base_url=base_url, connection_timeout=self.server_timeout)
+                require_weight_reload(self.vllm_client)
+                self.weights_dir = tempfile.mkdtemp(prefix="poise-vllm-weights-")
+                weakref.finalize(self, shutil.rmtree, self.weights_dir, True)
+            self.accelerator.wait_for_everyone()
+
+        def sync_weights(self):
+            if not self._syncs_through_file():
+                return super().sync_weights()
+            # Every process walks the parameters (gathering sharded ones is collective); clones, because
+            # TRL unmerges a LoRA adapter once the walk ends.
+            weights = {name: tensor.detach().to("cpu").contiguous().clone()
+                       for name, tensor in self._iter_named_params()}
+            if self.accelerator.is_main_process:
+                push_weights_through_file(self.vllm_client, weights, Path(self.weights_dir) / WEIGHTS_FILE)
+
+    return FileSyncVLLMGeneration
+
+
+def collective_rpc(client, method: str, *args: str) -> list:
+    return client._post(f"{client.base_url}/collective_rpc", json={"method": method, "args": list(args)})["results"]
+
+
+def require_weight_reload(client) -> None:
+    try:
+        collective_rpc(client, "can_reload_weights_from_file")
+    except Exception as exc:  # 404 without dev mode, 500 without the extension: TRL's client raises Exception
+        raise VLLMServerError(
+            f"the vLLM server at {client.base_url} cannot take new weights without a GPU ({short_reason(exc)}): "
+            "start it with `python -m poise_trl.engines.vllm_server --model MODEL --port PORT`, which adds poise-trl's "
+            "weight-reload extension") from None
+
+
+def push_weights_through_file(client, weights: dict, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(weights, str(path))
+    collective_rpc(client, RELOAD_METHOD, str(path))
+    client.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
+
+
+@contextmanager
+def server_generation(args):
+    """While a trainer is built: TRL's GRPOTrainer builds its `VLLMGeneration` by the name in its own
+    module, so server mode gets the file-sync subclass there for the construction only."""
+    if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
+        yield
+        return
+    import trl.trainer.grpo_trainer as grpo_trainer
+
+    original = grpo_trainer.VLLMGeneration
+    grpo_trainer.VLLMGeneration = file_weight_sync_generation()
+    try:
+        yield
+    finally:
+        grpo_trainer.VLLMGeneration = original
+
+
+def server_url(args) -> str:
+    return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+
+
+def short_reason(exc: BaseException) -> str:
+    """The socket error under requests' nested wrappers ("Connection refused"), else the error's first line."""
+    text = str(exc)
+    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    return found.group(1).strip() if found else f"{exc.__class__.__name__}: {text.splitlines()[0][:160] if text else ''}"
+
+
+@contextmanager
+def server_errors(args, rerun_outcome):
+    """A vLLM server that does not answer, as one VLLMServerError line that says what rerunning the same
+    command does (`rerun_outcome()`, called when the error happens: the checkpoints written until then
+    count)."""
+    if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
+        yield
+        return
+    from requests.exceptions import RequestException
+
+    try:
+        yield
+    except RequestException as exc:
+        raise VLLMServerError(
+            f"the vLLM server at {server_url(args)} does not answer ({short_reason(exc)}); start it again "
+            f"(python -m poise_trl.engines.vllm_server) and run the same command: {rerun_outcome()}"
+        ) from None
+
+
+def serve_command(model: str, host: str, port: int, extra_args: list[str]) -> list[str]:
+    """The server command line: vLLM's OpenAI server with TRL's settings and the weight-reload extension."""
+    import torch
+
+    from poise_trl.engines.generation import checkpoint_dtype, vllm_distribution
+
+    distribution = vllm_distribution()
+    if distribution is not None and distribution[0] == "vllm":
+        entry = ["-m", "vllm.entrypoints.cli.main", "serve", model]
+    else:  # the CPU build's `vllm` command fails at start (see the module docstring)
+        entry = ["-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command = [sys.executable, *entry, "--host", host, "--port", str(port),
+               "--worker-extension-cls", "poise_trl.engines.vllm_server.WeightReload",
+               "--logprobs-mode", "processed_logprobs",  # what TRL's importance-sampling correction needs
+               "--max-logprobs", "-1"]
+    if torch.cuda.is_available():
+        command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    else:  # the trainer's dtype, not vLLM's CPU default (bfloat16): the sampler and the learner agree
+        command += ["--dtype", checkpoint_dtype(model)]
+    return command + extra_args
+
+
+def main(argv: list[str] | None = None) -> None:
+    from poise_trl.core.loading import resolve_model_path
+    from poise_trl.engines.generation import prepare_vllm_environment
+
+    parser = argparse.ArgumentParser(
+        prog="python -m poise_trl.engines.vllm_server",
+        description="Serve a model with vLLM for `vllm_mode: server` training (other options go to vLLM).")
+    parser.add_argument("--model", required=True, help="Model folder or hub id (the recipe's `model`).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args, extra_args = parser.parse_known_args(argv)
+    model = resolve_model_path(args.model)
+    prepare_vllm_environment()
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc and /reset_prefix_cache live behind it
+    command = serve_command(model, args.host, args.port, extra_args)
+    os.execv(sys.executable, command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Evaluation: bench, grade, probe-eval; never imports training."""

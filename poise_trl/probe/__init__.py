@@ -1,0 +1,1 @@
+"""The probe and the features it reads: hidden states and token entropies."""

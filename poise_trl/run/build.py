@@ -1,0 +1,174 @@
+"""The one way a run is built: a run plan (`recipe.parse_recipe`) -> model, tokenizer, data, rewards ->
+output folder decision -> a ready trainer with poise-trl's callbacks and its algorithm's. `poise train`,
+the tests and the benchmarks all build through `build_run`; nothing is written here (`train.py` writes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from peft import LoraConfig
+from transformers.trainer_callback import PrinterCallback
+
+from poise_trl.algorithms.base import RunCallback
+from poise_trl.core.loading import check_model_files, hub_unreachable, load_tokenizer, resolve_model_path
+from poise_trl.engines.generation import keep_cpu_engine_weights_reloadable, resolve_engine
+from poise_trl.engines.vllm_server import server_generation
+from poise_trl.run.callbacks import (
+    Budget,
+    CheckpointMarkerCallback,
+    HeldOutEvalCallback,
+    RichProgressCallback,
+)
+from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
+from poise_trl.run.run_folder import RunFolder, plan_output_dir
+from poise_trl.tasks import is_task, load_prompt_dataset
+from poise_trl.tasks.prompts import DATASETS, DatasetUnavailableError
+from poise_trl.tasks.rewards import check_reward_functions, get_reward_functions
+
+
+def build_peft_config(peft: dict | None):
+    if not peft:
+        return None
+    settings = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear", "task_type": "CAUSAL_LM"}
+    settings.update(peft)
+    try:
+        return LoraConfig(**settings)
+    except TypeError as exc:
+        raise RecipeError(f"invalid peft settings {peft}: {exc}") from None
+
+
+def budget_from(settings: RunSettings) -> Budget | None:
+    if settings.budget_tokens is not None and settings.budget_rollouts is not None:
+        raise RecipeError("set budget_tokens or budget_rollouts, not both")
+    unit, amount = ("tokens", settings.budget_tokens) if settings.budget_tokens is not None else ("rollouts", settings.budget_rollouts)
+    if amount is None:
+        return None
+    try:
+        return Budget(unit, int(amount), int(settings.budget_eval_points))
+    except ValueError as exc:
+        raise RecipeError(f"invalid budget: {exc}") from None
+
+
+def require_hub_if_needed(source: str | list, split: str | None) -> None:
+    """A hub dataset with no network fails here in about a second, with one line. With
+    HF_HUB_OFFLINE=1, `datasets` reads its local cache (or fails at once) by itself."""
+    if is_task(source):  # generated or bundled with the task's package
+        return
+    spec = DATASETS.get(source)
+    on_hub = spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists()
+    if not on_hub or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        return
+    reason = hub_unreachable()
+    if reason:
+        raise DatasetUnavailableError(
+            f"dataset {source!r} comes from the Hugging Face Hub, which is unreachable here ({reason}): give a local "
+            "copy (a .jsonl/.parquet/.csv file or folder) as `dataset`, or set HF_HUB_OFFLINE=1 to use the hub cache")
+
+
+def load_datasets(settings: RunSettings, seed: int):
+    require_hub_if_needed(settings.dataset, settings.dataset_split)
+    if settings.eval_dataset:
+        require_hub_if_needed(settings.eval_dataset, settings.eval_split)
+    columns = settings.dataset_columns
+    common = dict(columns=columns, prompt_suffix=settings.prompt_suffix, system_prompt=settings.system_prompt,
+                  task_config=settings.task_config)
+    train_kwargs = dict(split=settings.dataset_split, seed=seed, **common)
+    if settings.dataset_size is not None:
+        train_kwargs["limit"] = settings.dataset_size
+    train_set = load_prompt_dataset(settings.dataset, **train_kwargs)
+    eval_source = settings.eval_dataset or settings.dataset
+    eval_split = settings.eval_split or "test"
+    eval_set = load_prompt_dataset(eval_source, split=eval_split, limit=settings.eval_limit, seed=seed, **common)
+    if is_task(eval_source):
+        # A generated task's test split is drawn from another seed, but a small question space can repeat a
+        # question at any size: the held-out set keeps none that the training rows hold.
+        seen = {json.dumps(prompt, sort_keys=True) for prompt in train_set["prompt"]}
+        eval_set = eval_set.filter(lambda row: json.dumps(row["prompt"], sort_keys=True) not in seen)
+        if len(eval_set) == 0:
+            raise RecipeError(f"every held-out question of {eval_source} is also a training question (its question "
+                              "space is small): lower dataset_size or widen the task's config")
+    return train_set, eval_set
+
+
+@dataclass
+class Run:
+    """A built run. `trainer` is None when the output folder holds this run finished (`folder.state`)."""
+
+    plan: RunPlan
+    model_path: str
+    tokenizer: object
+    train_set: object
+    eval_set: object
+    folder: RunFolder
+    trainer: object = None
+    eval_callback: HeldOutEvalCallback | None = None
+    algorithm_callbacks: list[RunCallback] = field(default_factory=list)  # `Algorithm.callbacks`, made
+
+    @property
+    def resume_from(self) -> str | None:
+        return str(self.folder.checkpoint) if self.folder.checkpoint else None
+
+
+def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = False,
+              reward_funcs: list | None = None, trainer_class: type | None = None,
+              callbacks: list | None = None) -> Run:
+    """Run plan -> checked model, data, rewards and output folder -> trainer with poise-trl's callbacks and
+    the algorithm's.
+
+    Every check runs before the trainer is built and nothing is written; the reward functions are called
+    once on a dry batch of train rows (`rewards.check_reward_functions`). For Python callers:
+    `reward_funcs` replaces the recipe's `rewards` with callables (TRL's reward-function signature), and
+    `trainer_class` a subclass of the algorithm's trainer (an instrumented one, say), and `callbacks` are
+    TrainerCallbacks called before poise-trl's own (a benchmark's step clock, say)."""
+    settings, args, algorithm = plan.settings, plan.args, plan.algorithm
+    if settings.push_to_hub and not args.hub_model_id:
+        raise RecipeError("push_to_hub needs the repository to push to: set hub_model_id: <user>/<name>")
+    if getattr(args, "use_vllm", False):  # A*-PO's config has no vLLM switch
+        resolve_engine("vllm")  # one line when vLLM is missing or broken, before any model loads
+        if args.vllm_mode == "colocate":
+            keep_cpu_engine_weights_reloadable()
+    model_path = resolve_model_path(settings.model)
+    tokenizer = load_tokenizer(model_path)
+    train_set, eval_set = load_datasets(settings, seed=args.seed)
+    budget = budget_from(settings)
+    reward_names = settings.rewards if reward_funcs is None else None  # the recipe's spelling, for errors
+    reward_funcs = reward_funcs if reward_funcs is not None else get_reward_functions(settings.rewards)
+    check_reward_functions(reward_funcs, train_set, tokenizer, reward_names)  # one line, before the folder
+    peft_config = build_peft_config(settings.peft)
+    folder = plan_output_dir(args, plan.recipe, overwrite)
+    run = Run(plan, model_path, tokenizer, train_set, eval_set, folder)
+    if folder.state == "finished":
+        return run
+    if run.resume_from:
+        check_model_files(run.resume_from)
+
+    run.eval_callback = HeldOutEvalCallback(
+        eval_set, tokenizer, every=settings.eval_every, num_samples=settings.eval_num_samples,
+        temperature=settings.eval_temperature, max_new_tokens=settings.eval_max_new_tokens,
+        batch_size=settings.eval_batch_size, seed=args.seed, budget=budget, resume_from=run.resume_from,
+    )
+    callbacks = [*(callbacks or []), run.eval_callback] + (
+        [RichProgressCallback(run.eval_callback)] if show_progress else [])
+    trainer_class = trainer_class or algorithm.trainer_class
+    if not issubclass(trainer_class, algorithm.trainer_class):
+        raise TypeError(f"trainer_class {trainer_class.__name__} does not extend "
+                        f"{algorithm.trainer_class.__name__}")
+    with server_generation(args):
+        trainer = trainer_class(
+            model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=train_set,
+            processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
+        )
+    run.eval_callback.trainer = trainer
+    if show_progress:
+        trainer.remove_callback(PrinterCallback)  # the live display replaces the raw log dicts
+    run.algorithm_callbacks = [make(trainer, args.output_dir, run.resume_from)
+                               for make in algorithm.callbacks]
+    for callback in run.algorithm_callbacks:
+        trainer.add_callback(callback)
+    trainer.add_callback(CheckpointMarkerCallback())  # last: it marks a checkpoint complete
+    run.trainer = trainer
+    return run

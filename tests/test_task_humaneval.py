@@ -6,11 +6,9 @@ import time
 
 import pytest
 
-from poise_trl.tasks import (
-    TaskError,  # noqa: E402
-    sandbox,  # noqa: E402
-)
-from poise_trl.tasks.humaneval import TASK, build_program, extract_code, pass_at_k  # noqa: E402
+from poise_trl.core import sandbox
+from poise_trl.tasks import TaskError
+from poise_trl.tasks.humaneval import TASK, build_program, extract_code, pass_at_k
 
 needs_sandbox = pytest.mark.skipif(sandbox.detect_isolation() == "none",
                                    reason="neither bubblewrap nor unshare isolates here")

@@ -1,12 +1,8 @@
-"""A*-PO (Brantley et al. 2025, arXiv:2505.20686; TRL's `trl.experimental.a2po.A2POTrainer`),
-counted on equal terms with the GRPO-based arms.
+"""A*-PO (arXiv 2505.20686; TRL's `trl.experimental.a2po.A2POTrainer`), counted like the GRPO-based arms.
 
-`CountingA2POTrainer` adds what `poise train` / `poise compare` read from every arm: generated tokens
-and rollouts of BOTH stages (stage 1's V* sampling counts in the budget and is checked against it
-when the trainer is built), zero-signal shares, policy passes, per-task rewards, and checkpoints that
-hold V* and the filtered train set so a resumed run never samples stage 1 again. Transformers
-generation only (TRL's trainer has no vLLM path); LoRA is refused. Details: docs/algorithms.md
-("A*-PO").
+`CountingA2POTrainer` adds the counters `poise train` / `poise compare` read (both stages' generation
+counts in the budget), per-task rewards, and checkpoints that hold V* and the filtered train set.
+Transformers generation only; LoRA is refused. Details: docs/algorithms.md ("A*-PO").
 """
 
 from __future__ import annotations

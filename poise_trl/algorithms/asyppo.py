@@ -1,12 +1,9 @@
 """AsyPPO (arXiv 2510.01656) and, with one critic, PPO and VAPO (arXiv 2504.05118) on GRPOTrainer.
 
-Inside TRL's `_generate_and_score_completions` (groups still whole): the critics score every row,
-are fitted on disjoint shares of each prompt's responses, and give V-bar (`critic_values`) for a
-token-level GAE; over the global batch, the lowest-disagreement tokens lose their advantage and the
-highest leave the entropy bonus. `_compute_loss` adds the filtered entropy bonus and VAPO's
-positive-example NLL to TRL's clipped loss; during value warm-up the actor takes no step.
-`algo: ppo` and `algo: vapo` are this trainer with other defaults. The flow step by step:
-docs/algorithms.md ("AsyPPO, PPO and VAPO"); reports: `critic_report.json`, `critic_values.png`.
+Inside TRL's `_generate_and_score_completions` the critics score, are fitted on disjoint shares of each
+prompt's responses and give V-bar for a token-level GAE, then AsyPPO's disagreement masks apply;
+`_compute_loss` adds the filtered entropy bonus and VAPO's positive-example NLL. `algo: ppo` and
+`algo: vapo` are this trainer with other defaults. Details: docs/algorithms.md ("AsyPPO, PPO and VAPO").
 """
 
 from __future__ import annotations
@@ -30,11 +27,9 @@ CRITIC_VALUES = ("before_update", "after_update", "cross_fit")
 
 @dataclass
 class AsyPPOConfig(GRPOConfig):
-    """GRPOConfig plus the critics, GAE, AsyPPO's masks and VAPO's options.
+    """GRPOConfig plus the critics, GAE, AsyPPO's masks and VAPO's options; defaults are the AsyPPO paper's.
 
-    The class defaults are the AsyPPO paper's; `entropy_coef` (TRL's field) is the beta of
-    AsyPPO's entropy term beta (1/|o|) sum_t I^H_t H_t, a per-response mean over the full
-    length with the high-disagreement tokens left out of the sum.
+    `entropy_coef` (TRL's field) is the beta of AsyPPO's filtered entropy term (`filtered_entropy_bonus`).
     """
 
     critic_model: str | None = field(
@@ -311,11 +306,8 @@ class AsyPPOTrainer(AdvantageTrainer):
                           raw_std) -> dict:
         """Log this round's critic diagnostics (global batch) and return them as a history record.
 
-        `explained_variance` is that of the values GAE used (`critic_values`);
-        `explained_variance_prior` that of the values BEFORE this round's update, out of sample
-        for every row; `..._first_token` the same on V(s_0), the critics' value of the prompt,
-        against the realised return. `mc_sign_agreement`: the share of tokens whose final
-        advantage has the sign of the response's Monte-Carlo advantage r_i - mean_group(r).
+        `explained_variance` is that of the values GAE used; `..._prior` of the values before this round's
+        update (out of sample); `..._first_token` on V(s_0); `mc_sign_agreement`: see `sign_agreement`.
         """
         metrics = self._metrics["train"]
         valid = mask.bool()
@@ -366,9 +358,8 @@ class AsyPPOTrainer(AdvantageTrainer):
         if not self.model.training:
             return super()._compute_loss(model, inputs)
         if self._actor_frozen():
-            # VAPO's value pretraining: the critics were fitted in this round's
-            # `compute_advantages`; the actor gets no gradient at all (a zero loss with no
-            # graph leaves every .grad None, so AdamW skips even its weight decay).
+            # VAPO's value pretraining: a zero loss with no graph leaves every .grad None, so AdamW skips
+            # even its weight decay.
             return torch.zeros((), device=self.accelerator.device, requires_grad=True)
         loss = super()._compute_loss(model, inputs)
         per_token_logps, entropies, _ = self._loss_forward
@@ -388,9 +379,8 @@ class AsyPPOTrainer(AdvantageTrainer):
             bonus = estimators.filtered_entropy_bonus(entropies, 1.0 - inputs["entropy_filter"], mask).mean()
             loss = loss - self.entropy_coef * bonus / self.current_gradient_accumulation_steps
         if cfg.positive_lm_coef:
-            # VAPO paper, L = L_PPO + mu * L_NLL, L_NLL = -sum_{o in T} sum_t log pi / sum_{o in T} |o|
-            # over the correct responses T of the generation batch; normalised like TRL's
-            # token-level ("dapo") loss so the micro-batches of a round add up to that mean.
+            # VAPO's L = L_PPO + mu * L_NLL over the correct responses, normalised like TRL's "dapo" loss so
+            # the micro-batches of a round add up to that mean.
             positive_tokens = mask * inputs["positive"].unsqueeze(1)
             normalizer = inputs["num_positive_tokens"].clamp(min=1.0) / self.accelerator.num_processes
             normalizer = normalizer * self.current_gradient_accumulation_steps / cfg.steps_per_generation

@@ -1,11 +1,9 @@
 """The algorithm registry and the seams every poise-trl algorithm uses in TRL's GRPOTrainer.
 
-An algorithm is one module that registers everything it adds (`register_algorithm`): its config and
-trainer, the callbacks it attaches to a run, the files they write into the run folder, its memory-plan
-items, and the training-log series and tables `poise compare` shows for it. `build`, `train`,
-`run_folder`, `plan` and `compare` read these declarations and name no algorithm
-(docs/architecture.md). `CountingGRPOTrainer` counts the generation budget and logs each task's mean
-reward; `AdvantageTrainer` lets a subclass replace TRL's advantages before TRL's shuffle.
+An algorithm is one module that registers (`register_algorithm`) its config, trainer, callbacks, run-folder
+files, memory-plan items and `poise compare` series; `build`, `train`, `run_folder`, `plan` and `compare`
+name no algorithm (docs/architecture.md). `CountingGRPOTrainer` counts the generation budget;
+`AdvantageTrainer` lets a subclass replace TRL's advantages before TRL's shuffle.
 """
 
 from __future__ import annotations
@@ -53,10 +51,7 @@ def checkpoint_folder(output_dir: str | os.PathLike, step: int) -> Path:
 
 
 class RunCallback(TrainerCallback):
-    """A callback an algorithm attaches to each of its runs (`register_algorithm(callbacks=...)`).
-    `build_run` makes one per run with the trainer, the output folder and the checkpoint resumed from;
-    `poise train` calls `finish` where a resumed run has nothing left to train (its report must still
-    be written) and adds `summary()` to summary.json."""
+    """A callback an algorithm attaches to each run; `finish` ends a resumed run with nothing left to do."""
 
     def __init__(self, trainer, output_dir: str, resume_from: str | None = None):
         self.trainer, self.output_dir, self.resume_from = trainer, output_dir, resume_from
@@ -127,15 +122,12 @@ def register_algorithm(name: str, config_class: type, trainer_class: type, displ
 
 
 class TrainerContract:
-    """What `poise train`, the callbacks and `poise compare` rely on in every trainer, whichever TRL
-    trainer it extends (put this class first in the bases):
+    """What `poise train`, the callbacks and `poise compare` rely on in every trainer (first in the bases):
 
-    - counters, set up by `init_counters`: `generated_tokens` and `generated_rollouts` (every
-      completion generated for training, the budget units), `policy_forward_passes` (policy passes
-      through the log-prob path) and `pending_logs` (values for the step's log entry);
-    - checkpoint side state: `save_side_state(checkpoint)` / `load_side_state(checkpoint)`, called by
-      TRL's save (on the process that saves) and load (on every process, when resuming);
-    - no TRL model card: `poise train` writes its own into final/ (`poise_trl.run.hub.build_model_card`).
+    - counters (`init_counters`): `generated_tokens`, `generated_rollouts` (the budget units),
+      `policy_forward_passes` and `pending_logs` (values for the step's log entry);
+    - `save_side_state(checkpoint)` / `load_side_state(checkpoint)`, called by TRL's save and load;
+    - no TRL model card: `poise train` writes its own into final/.
     """
 
     def init_counters(self) -> None:
@@ -175,16 +167,12 @@ class TrainerContract:
 
 
 class CountingGRPOTrainer(TrainerContract, GRPOTrainer):
-    """TRL's GRPOTrainer, plus exact global counts of the completion tokens and rollouts
-    generated for training: every generation round, including rounds whose groups DAPO's
-    dynamic sampling drops. TRL's own `num_tokens` also counts prompt tokens. The counts go
-    into every training log entry; `HeldOutEvalCallback` carries them across resumes.
-    Callbacks put values for the step's log entry in `pending_logs` (a separate `log()` call
-    would take the step's TRL metrics with it).
+    """TRL's GRPOTrainer plus exact global counts of the completion tokens and rollouts generated.
 
-    With `log_completions: true`, every training round goes into the completion table
-    (`poise_trl.algorithms.completions`): TRL's tracker table, with the trainer's final advantages, the task
-    and the columns a subclass puts in `table_columns` (POISE: its baseline), and completions.jsonl."""
+    Every round counts, DAPO's dropped ones included; the counts go into every log entry. Callbacks put values
+    for the step's log entry in `pending_logs` (a separate `log()` would take the step's TRL metrics with it).
+    With `log_completions: true` every round goes into the completion table (`algorithms.completions`).
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -271,10 +259,9 @@ class AdvantageTrainer(CountingGRPOTrainer):
         output["advantages"] = advantages
 
     def compute_advantages(self, rewards: torch.Tensor, output: dict) -> torch.Tensor:
-        """Advantages for this process's rows, shape (B_local,) or (B_local, T).
+        """Advantages for this process's rows, (B_local,) or (B_local, T), from all rows' rewards (B_global,).
 
-        `rewards` is the weighted reward of every row on every process, (B_global,), in
-        generation order: consecutive runs of `num_generations` rows share a prompt.
+        `rewards` is in generation order: consecutive runs of `num_generations` rows share a prompt.
         """
         raise NotImplementedError
 
@@ -307,13 +294,10 @@ class AdvantageTrainer(CountingGRPOTrainer):
 
 
 class PromptStream:
-    """Batches of train-set indices beyond TRL's sampler, for trainers that need more prompts than
-    one generation batch (DAPO's extra rounds, POISE's selection pool).
+    """Batches of train-set indices beyond TRL's sampler (DAPO's extra rounds, POISE's selection pool).
 
-    A seeded permutation of the train set per pass, the same on every process; each process
-    takes its own slice of every batch (as TRL's RepeatSampler deals prompts). `start` skips the
-    batches served before a resume (index lists only: no prompt is loaded for it), so a resumed
-    run draws the prompts the uninterrupted run would have.
+    A seeded permutation per pass, each process taking its slice as TRL's RepeatSampler does; `start` skips
+    the batches served before a resume, so a resumed run draws the prompts the uninterrupted one would have.
     """
 
     def __init__(self, size: int, prompts_per_process: int, num_processes: int, rank: int, seed: int,

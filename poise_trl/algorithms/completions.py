@@ -1,10 +1,7 @@
-"""The completion table of a training run (`log_completions: true`): one row per completion generated for
-training (step, prompt, completion, reward, advantage, task, and the algorithm's own columns such as
-POISE's `baseline`).
+"""The completion table of a training run (`log_completions: true`): one row per training completion.
 
-It goes to the tracker through TRL's own table (`into_trl_table`) and to `<output_dir>/completions.jsonl`,
-appended at every log; a resumed run first drops the lines after its checkpoint (`truncate_after`).
-Details: docs/training.md ("The completion table").
+It goes to the tracker through TRL's own table (`into_trl_table`) and to `<output_dir>/completions.jsonl`;
+a resumed run first drops the lines after its checkpoint. Details: docs/training.md ("The completion table").
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The critic diagnostic of AsyPPO / PPO / VAPO: `critic_report.json` and `critic_values.png`.
 
-Written at the end of training from `AsyPPOTrainer.critic_history` (one record per
-generation round, see `AsyPPOTrainer._log_critic_round`): explained variance over training
-(of the values GAE used, and out of sample before each round's fit), the critics' value of
-each prompt V(s_0) against the realised return, the sign agreement of the advantages with
-the Monte-Carlo advantage, and the fractions AsyPPO's masks select. The same numbers are in
-the training log under `critic/*`, `advantages/raw_std` and `asyppo/*`.
+Written at the end of training from `AsyPPOTrainer.critic_history` (one record per round): explained
+variance over training, V(s_0) against the realised return, sign agreement with the Monte-Carlo advantage
+and the fractions AsyPPO's masks select (also logged as `critic/*`, `advantages/raw_std`, `asyppo/*`).
 """
 
 from __future__ import annotations
@@ -86,10 +83,7 @@ def plot_critic_report(report: dict, history: list[dict], path: str | Path) -> N
 
 
 class CriticReportCallback(RunCallback):
-    """At the end of training: `critic_report.json` and `critic_values.png` in `output_dir`.
-
-    The history covers the rounds this process ran: a resumed run reports from its resume.
-    """
+    """At the end of training: `critic_report.json`, `critic_values.png` (a resumed run: from its resume)."""
 
     def on_train_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero or not self.trainer.critic_history:

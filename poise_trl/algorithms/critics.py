@@ -1,12 +1,9 @@
 """Value models for AsyPPO's mini-critics (arXiv 2510.01656) and PPO / VAPO's critic (arXiv 2504.05118).
 
-A critic is `AutoModelForTokenClassification(num_labels=1)` from `critic_model` (a causal LM gets a new
-head; a saved critic such as `data/tiny-critic` is loaded as is). Critics are extra learners with their
-own AdamW, never passed through `accelerator.prepare` (docs/trl.md, "Extra learners"). On several
-processes every rank holds all critics; each backpropagates its own rows and the gradients are summed
-over ranks before every step, so the replicas stay identical. Checkpoints: `critics/critic_<m>/`
-(`save_pretrained` + `optimizer.safetensors`), `critics/state.json`, `critics/rng.safetensors`; no
-pickle. More: docs/algorithms.md ("Critics").
+A critic is `AutoModelForTokenClassification(num_labels=1)` from `critic_model`, an extra learner with its
+own AdamW outside `accelerator.prepare` (docs/trl.md, "Extra learners"). Every rank holds all critics and
+gradients are summed over ranks, so the replicas stay identical. Checkpoints: `critics/` (safetensors and
+JSON, no pickle). More: docs/algorithms.md ("Critics").
 """
 
 from __future__ import annotations
@@ -45,11 +42,8 @@ def load_critic(path: str, seed: int, dtype: torch.dtype = torch.float32) -> Pre
     finally:
         hf_logging.set_verbosity(verbosity)
     if fresh_head:
-        # transformers draws a missing head from the global RNG; draw it from the critic's own
-        # seed so M critics on one backbone start apart and every rank starts identical. New
-        # tensors, not a copy into the old ones: under FSDP's CPU-RAM-efficient loading,
-        # transformers >= 5.23 leaves a missing head on the meta device on every process but the
-        # first, for an FSDP broadcast the critics never get.
+        # A missing head is drawn from the critic's own seed (M critics start apart, every rank identical),
+        # as new tensors: under FSDP's CPU-RAM-efficient loading, transformers >= 5.23 leaves it on meta.
         generator = torch.Generator().manual_seed(seed)
         weight, bias = critic.score.weight, critic.score.bias
         head = torch.randn(weight.shape, generator=generator) * config.initializer_range
@@ -60,12 +54,9 @@ def load_critic(path: str, seed: int, dtype: torch.dtype = torch.float32) -> Pre
 
 def token_values(critic: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  logits_to_keep: int) -> torch.Tensor:
-    """V(s_t) for every completion token, (B, T) float32.
+    """V(s_t) for every completion token, (B, T) float32, read where the logits predict token t.
 
-    State s_t is the prompt plus the completion before token t (VAPO paper, token-level MDP),
-    so V(s_t) is read at the position whose logits predict token t: the one before it, as
-    TRL reads the policy's logits. Position ids count real tokens only, so a row's values do
-    not depend on how much left padding its batch happens to need.
+    Position ids count real tokens only, so values do not depend on the batch's left padding.
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     logits = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
@@ -133,12 +124,8 @@ class CriticEnsemble:
                targets: torch.Tensor, mask: torch.Tensor, assignment: torch.Tensor) -> dict[str, float]:
         """Fit critic m to `targets` on the rows with `assignment == m` (AsyPPO paper, L_critic).
 
-        Loss per optimizer step: the squared error summed over the valid tokens of a
-        mini-batch, divided by that mini-batch's valid-token count over all processes.
-        Rows are shuffled by this ensemble's own generator; each rank walks its local rows
-        in `mini_batch_size` chunks and all ranks hold equally many rows per critic (whole
-        prompt groups, equal local batches), so they take the same number of steps.
-        Returns the mean value loss per critic and over critics.
+        Per step: squared error summed over a mini-batch's valid tokens / their count on all processes;
+        every rank takes the same number of steps. Returns the mean value loss per critic and over critics.
         """
         metrics = {}
         valid = mask.bool()

@@ -1,12 +1,9 @@
-"""DAPO (Yu et al. 2025, arXiv:2503.14476) on GRPOTrainer: clip-higher (0.2 / 0.28), TRL's token-level
-loss, overlong reward shaping (Eq. (13)) and dynamic sampling (Sec. 3.2, Eq. (11)).
+"""DAPO (arXiv 2503.14476) on GRPOTrainer: clip-higher (0.2 / 0.28), TRL's token-level loss, overlong
+reward shaping (Eq. 13) and dynamic sampling (Sec. 3.2, Eq. 11).
 
-TRL has no dynamic sampling: each round calls TRL's own `_generate_and_score_completions` on another
-batch of prompts (a seeded stream, resumable) and the kept groups (0 < #correct < G, on correctness,
-not the shaped reward) are merged into one batch of the usual size before TRL's shuffle. Every
-process runs the same number of rounds and takes the same stop decision from the gathered rewards.
-At the round cap, `dynamic_sampling_fill` says what fills the missing slots. Details:
-docs/algorithms.md ("DAPO").
+TRL has no dynamic sampling: each round calls TRL's `_generate_and_score_completions` on a further batch
+of prompts and the kept groups are merged into one batch before TRL's shuffle; every process runs the same
+rounds. `dynamic_sampling_fill` fills the slots left at the round cap. Details: docs/algorithms.md ("DAPO").
 """
 
 from __future__ import annotations
@@ -76,18 +73,13 @@ class DAPOConfig(GRPOConfig):
             raise ValueError(f"overlong_buffer_length must be in [0, max_completion_length], got {self.overlong_buffer_length}")
 
 
-# ---------------------------------------------------------------------------------------
-# Selection logic (pure)
-# ---------------------------------------------------------------------------------------
+# --- Selection logic (pure) ------------------------------------------------------------
 
 
 def select_groups(kept: list[bool], target: int, fill: str = "drop") -> tuple[list[int], list[bool]]:
-    """The `target` groups that fill the batch, from groups generated so far (in order), and
-    whether each one is in the loss.
+    """The `target` groups that fill the batch, from those generated so far, and whether each is in the loss.
 
-    The first `target` kept groups (in the loss); if there are fewer (the round cap was hit),
-    the missing slots take the first dropped groups, out of the loss with fill="drop" and in
-    it with fill="zero_variance" (docs/algorithms.md, "DAPO"). No group appears twice.
+    Kept groups first; at the round cap, dropped groups fill the rest, out of the loss with fill="drop".
     """
     if fill not in FILL_MODES:
         raise ValueError(f"fill must be one of {FILL_MODES}, got {fill!r}")
@@ -107,10 +99,8 @@ def needs_another_round(informative_per_process: torch.Tensor, target: int, roun
 def merge_batches(outputs: list[dict], rows: list[tuple[int, int]], pad_token_id: int) -> dict:
     """One TRL generation output from rows (output index, row index) of several.
 
-    Prompt tensors are left-padded, completion-width tensors right-padded to the widest
-    selected row (ids with `pad_token_id`, everything else with 0, which the completion
-    mask hides); (B,) and (B, 1) tensors and length-B lists are indexed. 0-dim tensors
-    other than `num_items_in_batch` (which the caller recomputes) are not expected.
+    Prompt tensors left-padded, completion-width tensors right-padded to the widest selected row; (B,), (B, 1)
+    tensors and length-B lists are indexed; `num_items_in_batch` is recomputed by the caller.
     """
     merged = {}
     for key, first in outputs[0].items():
@@ -133,9 +123,7 @@ def merge_batches(outputs: list[dict], rows: list[tuple[int, int]], pad_token_id
     return merged
 
 
-# ---------------------------------------------------------------------------------------
-# Trainer
-# ---------------------------------------------------------------------------------------
+# --- Trainer ---------------------------------------------------------------------------
 
 
 class DAPOTrainer(AdvantageTrainer):
@@ -245,12 +233,7 @@ class DAPOTrainer(AdvantageTrainer):
 
     def _log_dynamic_sampling(self, kept: torch.Tensor, plans: list[tuple[list[int], list[bool]]], target: int,
                               rounds: int) -> None:
-        """Global counts (every process computes the same numbers from the same tensor).
-
-        `informative_groups` are those Eq. (11) keeps; `trained_groups` those in the loss;
-        `zero_weight_groups` fill the batch shape out of the loss (fill="drop" at the cap);
-        `dropped_groups` = generated - trained.
-        """
+        """Global counts (the same on every process): informative (Eq. 11), trained, zero-weight, dropped."""
         generated = int(kept.numel())
         trained = sum(sum(in_loss) for _, in_loss in plans)
         trained_informative = sum(int(kept[p, [g for g, w in zip(groups, in_loss, strict=True) if w]].sum())

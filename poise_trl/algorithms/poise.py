@@ -1,12 +1,9 @@
-"""POISE (arXiv 2605.07579): the baseline of each of 2 rollouts is a linear probe's prediction
-from the OTHER rollout's hidden-state and entropy features, A_1 = r_1 - g(z_2), A_2 = r_2 - g(z_1).
+"""POISE (arXiv 2605.07579): each of 2 rollouts' baseline is a linear probe's prediction from the OTHER
+rollout's hidden-state and entropy features, A_1 = r_1 - g(z_2), A_2 = r_2 - g(z_1) (POISE, Sec. 3.2).
 
-Inside TRL's `_generate_and_score_completions`: features are read from TRL's own no-grad pass, or
-during `generate`, or (fallback) from a pass of POISE's own (`probe/features_from_<source>`); then
-predict with the previous round's probe, freeze the advantages, log, append to the buffer and refit.
-RLOO while the buffer fills. Options beyond the paper: `probe_inputs: prompt` and probe-guided
-`prompt_selection`. Equations, settings and what selection does to the objective: docs/algorithms.md
-("POISE"); the TRL methods it overrides: docs/trl.md.
+Inside TRL's `_generate_and_score_completions`: read features, predict with the previous round's probe,
+freeze the advantages, log, append to the buffer and refit; RLOO while the buffer fills. Details:
+docs/algorithms.md ("POISE"); the TRL methods it overrides: docs/trl.md.
 """
 
 from __future__ import annotations
@@ -146,10 +143,8 @@ def select_prompts(predicted: torch.Tensor, k: int, random_count: int,
                    generator: torch.Generator) -> tuple[list[int], list[bool]]:
     """The `k` of `len(predicted)` candidate prompts to roll out, and which came from the random floor.
 
-    First `random_count` candidates uniformly without replacement (the floor), then, from the
-    rest, the `k - random_count` with the highest predicted p(1 - p) (p clipped to [0, 1]; ties
-    keep candidate order). Unavailable predictions (NaN: no fitted probe for the domain) count
-    as p = 0.5, the most informative, so a new domain gets rolled out and learned.
+    `random_count` uniform picks (the floor), then the highest predicted p(1 - p), ties in candidate order.
+    NaN predictions (domain without a probe) count as p = 0.5, so a new domain gets rolled out.
     """
     n = predicted.numel()
     if not 0 <= random_count <= k <= n:

@@ -1,12 +1,9 @@
 """Training-free process rewards (docs/references.md) as an option for any GRPOTrainer-based algorithm.
 
-Right after generation, each completion is cut into episodes at discourse markers; at each boundary b,
-V(b) is the mean log-probability of the gold answer after a force-answer prompt, and the marginal
-utility U_k = V(b_k) - V(b_{k-1}) lands on the episode's last token. Normalized apart from the outcome
-and turned into per-token advantages by return-to-go, they are added to the algorithm's own outcome
-advantage (`estimators.process_reward_advantages`). `ProcessRewardMixin` wraps
-`_generate_and_score_completions`, so it composes with GRPO, RLOO, REINFORCE++ and POISE.
-Equations and cost: docs/algorithms.md ("Training-free process rewards").
+Each completion is cut into episodes at discourse markers; V(b) at each boundary is the mean log-probability
+of the gold answer after a force-answer prompt, and U_k = V(b_k) - V(b_{k-1}) becomes per-token advantages
+(`estimators.process_reward_advantages`) added to the algorithm's own. `ProcessRewardMixin` wraps
+`_generate_and_score_completions`. Details: docs/algorithms.md ("Training-free process rewards").
 """
 
 from __future__ import annotations
@@ -28,9 +25,7 @@ from poise_trl.tasks.math_grader import answer_to_str
 DEFAULT_MARKERS = ["\n\n", "Wait", "Alternatively", "Actually", "Hmm", "So ", "But ", "Therefore", "Let me ", "I need to "]
 THINK_END = "</think>"
 
-# ---------------------------------------------------------------------------------------
-# Pure functions
-# ---------------------------------------------------------------------------------------
+# --- Pure functions --------------------------------------------------------------------
 
 
 def token_pieces(tokenizer) -> list[str]:
@@ -59,15 +54,10 @@ def _marker_regex(markers: list[str], separators: bool) -> re.Pattern | None:
 def episode_boundaries(
     pieces: list[str], markers: list[str], max_episode_tokens: int, stop_text: str | None = THINK_END
 ) -> list[int]:
-    """Token indices 0 < b < len(pieces) where a new episode starts, sorted.
+    """Token indices 0 < b < len(pieces) where a new episode starts; `pieces`: one completion's tokens.
 
-    `pieces` are the decoded texts of one completion's tokens. A whitespace marker puts a
-    boundary after itself (rounded up to the next token start when a BPE token such as
-    ".\\n\\nThe" runs on past it), a word marker before the token that holds its first
-    character (" Wait"). Boundaries lie in the thinking span:
-    before the first `stop_text` (the whole completion when it never closes its thinking).
-    An episode longer than `max_episode_tokens` is cut every `max_episode_tokens` tokens
-    (process-rewards post, "token length fallback").
+    A whitespace marker puts a boundary after itself, a word marker before its token; only before the first
+    `stop_text`. Episodes longer than `max_episode_tokens` are cut every `max_episode_tokens` tokens.
     """
     text = "".join(pieces)
     starts = list(itertools.accumulate((len(p) for p in pieces), initial=0))[:-1]
@@ -107,9 +97,7 @@ def process_rewards_from_values(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Marginal utilities at episode ends: ((B, width) rewards, (B, width) 0/1 mask).
 
-    Row i has values[i] = [V(b_0 = 0), V(b_1), ..., V(b_n)] for boundaries[i] = [b_1..b_n];
-    U_k = V(b_k) - V(b_{k-1}) (process-rewards post, "Marginal Utility") lands on token b_k - 1, the
-    last token of episode k. A row without boundaries (values[i] = []) gets none.
+    values[i] = [V(0), V(b_1), ..., V(b_n)]; U_k = V(b_k) - V(b_{k-1}) lands on token b_k - 1.
     """
     rewards = torch.zeros(len(values), width)
     mask = torch.zeros(len(values), width)
@@ -128,9 +116,7 @@ def answer_logprob_means(
 ) -> torch.Tensor:
     """Mean log-probability of the last `answer_lengths[i]` tokens of each sequence, (N,).
 
-    process-rewards post, "Log-Probability Approximation" (kept in log space for stability). Sequences
-    are sorted by length, left-padded in chunks of `batch_size`, given explicit position ids
-    (so padding does not shift them) and only the answer positions' logits are computed.
+    Sorted by length, left-padded in chunks with explicit position ids; only the answer positions' logits.
     """
     device = next(model.parameters()).device
     out = torch.empty(len(sequences))
@@ -150,9 +136,7 @@ def answer_logprob_means(
     return out
 
 
-# ---------------------------------------------------------------------------------------
-# Config and trainer mixins
-# ---------------------------------------------------------------------------------------
+# --- Config and trainer mixins ---------------------------------------------------------
 
 
 PROCESS_REWARDS_HELP = "Add training-free process rewards to the outcome advantages."

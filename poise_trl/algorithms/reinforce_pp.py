@@ -1,11 +1,8 @@
 """REINFORCE++ and REINFORCE++ w/ Baseline (arXiv 2501.03262) on GRPOTrainer.
 
-`reinforce_pp` (k >= 1): k1 KL inside the per-token reward, returns-to-go, Global Advantage
-Normalization over the global batch (Eqs. (4)-(5)). `reinforce_pp_baseline` (k > 1): group mean, then
-the global std (Eqs. (6)-(7)), with the k2 KL loss of Eq. (8). TRL's loss adds beta * k3 with no seam
-to swap it, so `_compute_loss` runs TRL's loss with beta 0 and adds k2 aggregated as TRL aggregates its
-per-token loss. k = 1 passes a placeholder group size through GRPOConfig's check. Equations:
-docs/algorithms.md ("REINFORCE++"); the overrides: docs/trl.md.
+`reinforce_pp` (k >= 1): k1 KL in the per-token reward, returns-to-go, global normalization (Eqs. 4-5).
+`reinforce_pp_baseline` (k > 1): group mean, global std (Eqs. 6-7), k2 KL loss (Eq. 8) added by
+`_compute_loss` to TRL's loss run with beta 0. Details: docs/algorithms.md ("REINFORCE++"), docs/trl.md.
 """
 
 from __future__ import annotations

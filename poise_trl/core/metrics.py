@@ -24,10 +24,7 @@ def rmse(pred: torch.Tensor, target: torch.Tensor) -> float:
 
 
 def brier_skill(pred: torch.Tensor, target: torch.Tensor) -> float:
-    """1 - MSE / Var(target) (population variance), as docs/algorithms.md's metric; NaN for a constant target.
-
-    0 is the skill of predicting the evaluation set's own mean, so the train-mean constant scores <= 0.
-    """
+    """1 - MSE / Var(target) (population variance): 0 is predicting the set's mean; NaN if it is constant."""
     var = float(target.double().var(unbiased=False))
     return 1.0 - rmse(pred, target) ** 2 / var if var > 0 else float("nan")
 
@@ -95,11 +92,7 @@ def value_metrics(pred: torch.Tensor, target: torch.Tensor) -> dict[str, float |
 def paired_bootstrap(
     pred_a: torch.Tensor, pred_b: torch.Tensor, target: torch.Tensor, n_boot: int = 2000, seed: int = 0
 ) -> dict[str, dict]:
-    """metric(a) - metric(b) for Pearson and MAE, with a 95% interval from resampling prompts.
-
-    Both estimators are scored on the same resampled prompts, so the interval says how much the
-    difference could move with other held-out prompts of the same kind.
-    """
+    """metric(a) - metric(b) for Pearson and MAE, with a 95% interval from resampling the shared prompts."""
     a, b, t = pred_a.double(), pred_b.double(), target.double()
     draws = torch.randint(t.numel(), (n_boot, t.numel()), generator=torch.Generator().manual_seed(seed))
     out = {}
@@ -137,11 +130,7 @@ def mean_or_none(values: list[float]) -> float | None:
 
 
 def calibration_bins(records: list[dict], bins: int = 10) -> list[dict]:
-    """Out-of-sample predictions binned by value, with the mean realized reward of each bin.
-
-    With 2 rollouts the realized target is 0 or 1, so calibration per bin is what "predicted
-    vs realized" can show: a calibrated probe puts each bin's mean on the diagonal.
-    """
+    """Out-of-sample predictions binned by value, with the mean realized reward of each bin."""
     sums, pred_sums, counts = [0.0] * bins, [0.0] * bins, [0] * bins
     for record in records:
         for p, t in zip(record["predictions"], record["targets"], strict=True):

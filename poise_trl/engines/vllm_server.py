@@ -1,11 +1,10 @@
 """Training against a vLLM server (`vllm_mode: server`): the server poise-trl starts, the weight sync where
 there is no GPU, and one error line when the server stops answering.
 
-`python -m poise_trl.engines.vllm_server --model MODEL --port PORT [vllm serve options]` runs vLLM's OpenAI server
-with what `trl vllm-serve` adds, plus this module's worker extension (the CPU build's `vllm` command fails
-at start). On a GPU, TRL syncs weights over NCCL; without one, the trainer writes them (a LoRA adapter
-merged) to one safetensors file and every worker reloads it through vLLM's `/collective_rpc`
-(`WeightReload`), so server and trainer share a file system. docs/engines.md ("vLLM server mode").
+`python -m poise_trl.engines.vllm_server --model MODEL --port PORT [vllm serve options]` runs vLLM's
+OpenAI server with `trl vllm-serve`'s additions and this module's worker extension. Without a GPU the
+trainer writes the weights to one safetensors file that every worker reloads (`WeightReload`), so server
+and trainer share a file system. docs/engines.md ("vLLM server mode").
 """
 
 from __future__ import annotations
@@ -46,10 +45,10 @@ class WeightReload:
 
 
 def refresh_tied_output_layers(model) -> None:
-    """A tied LM head loads nothing of its own (its weight is the embedding's), so the reload skips it
-    (vLLM 0.31 logs "ParallelLMHead: Failed to load weights") and, on a CPU, its matmul keeps the copy
-    of the old weights it packed at load time. Repacking every embedding-like layer from its current
-    weight fixes that; on a GPU the processing is a no-op."""
+    """Repack every embedding-like layer from its current weight after a reload (a no-op on a GPU).
+
+    A tied LM head loads nothing of its own, so on a CPU its matmul would keep the old weights packed at load.
+    """
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
     for module in model.modules():

@@ -1,11 +1,8 @@
-"""`poise bench`: sample n completions per problem, grade them (math-verify or a task's own verifier) and
-report Avg@n, pass@k, maj@n and response lengths.
+"""`poise bench`: sample n completions per problem, grade them and report Avg@n, pass@k, maj@n and lengths.
 
-Resumable: every graded sample goes to `<output_dir>/<bench>/samples.jsonl` as soon as its batch ends,
-sampled in blocks seeded by (seed, block size, problem, block), so a resumed run equals a fresh one;
-`settings.json` refuses a rerun with other settings. Results also go to EvalScope reports, lighteval's
-results layout and hub model-index entries. What a benchmark is lives in `bench_data`, how samples are
-graded and scored in `bench_scores`. Details: docs/commands.md and docs/tasks.md.
+Resumable: graded samples go to `<output_dir>/<bench>/samples.jsonl` batch by batch, sampled in seeded
+blocks so a resumed run equals a fresh one; `settings.json` refuses a rerun with other settings. What a
+benchmark is lives in `bench_data`, grading and scores in `bench_scores`. Details: docs/commands.md.
 """
 
 from __future__ import annotations
@@ -125,11 +122,8 @@ def block_seed(seed: int, block_size: int, problem: int, block: int) -> int:
 def generate_missing(engine: Engine, dataset, settings: dict, done: set, batch_size: int, on_samples) -> None:
     """Generate the samples not in `done` and pass them to `on_samples(list of (problem, sample, Sample))`.
 
-    transformers: one call per block of up to `batch_size` samples of one problem, seeded by `block_seed`;
-    a block with some samples done is regenerated whole (same seed, same samples) and only the missing
-    ones are kept. vLLM seeds every problem's request from the seed and the problem (`request_seed`), so a
-    problem's n samples do not depend on the other problems in the call; problems with anything missing
-    are regenerated whole.
+    A block (transformers) or problem (vLLM) with anything missing is regenerated whole with the same seed,
+    and only the missing samples are kept.
     """
     n = settings["num_samples"]
     sampling = dict(temperature=settings["temperature"], top_p=settings["top_p"],
@@ -216,17 +210,11 @@ def run_benchmarks(
     name: str | None = None,
     engine: str = "auto",
 ) -> dict:
-    """Run (or finish) each benchmark, write `output_dir/summary.json` and the EvalScope reports, and return
-    the summary.
+    """Run (or finish) each benchmark; write `output_dir/summary.json` (returned) and the EvalScope reports.
 
-    `benchmarks` are registered names, local files or folders, or hub ids (see `benchmark_source`); `name`
-    renames a single one. `data_files` maps benchmark names to local copies that replace their source.
-    `preset` (see PRESETS) supplies the benchmarks when none are named and fixes the sampling settings;
-    without it, unset settings are Avg@32 at T=0.6, top-p 0.95. `max_new_tokens=None` takes each
-    benchmark's own budget. `request` narrows every benchmark's rows (split, limit, columns). `engine`
-    (auto, vllm, transformers) picks what generates (`generation.resolve_engine`). Every
-    benchmark's data and settings are checked before anything is generated or deleted, so a refusal never
-    comes after hours of sampling.
+    `benchmarks`: names, files, folders or hub ids (`benchmark_source`); `data_files`: local copies by name;
+    `preset` (PRESETS) supplies benchmarks and fixes sampling settings (else Avg@32, T=0.6, top-p 0.95);
+    `max_new_tokens=None` takes each benchmark's budget. Everything is checked before anything is generated.
     """
     benchmarks, sampling = resolve_preset(preset, list(benchmarks), num_samples=num_samples,
                                           temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)

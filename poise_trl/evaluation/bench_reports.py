@@ -23,12 +23,9 @@ def model_id(model: str) -> str:
 
 
 def evalscope_report(name: str, entry: dict, model: str) -> dict:
-    """One benchmark's results as an EvalScope report (the `Report` JSON that `evalscope` writes to
-    `reports/<model>/<dataset>.json` and its `evalscope app` / `Report.from_json` read back; the v1 layout,
-    which current EvalScope migrates on load).
+    """One benchmark's results as an EvalScope report (`reports/<model>/<dataset>.json`, v1 layout).
 
-    `mean_acc` (EvalScope's accuracy metric, the primary one) is Avg@n; maj@n and pass@k (k > 1) follow. Each
-    metric has one category and one subset, with the number of problems.
+    `mean_acc` (the primary metric) is Avg@n; maj@n and pass@k (k > 1) follow, one category and subset each.
     """
     metrics = entry["metrics"]
     n, count = metrics["num_samples"], metrics["num_problems"]
@@ -88,12 +85,11 @@ def lighteval_scores(scores: dict, num_samples: int) -> dict:
 
 
 def lighteval_results(summary: dict) -> dict:
-    """The summary in the layout of the `results_<time>.json` that lighteval writes (its EvaluationTracker's
-    `results`; docs/source/saving-and-reading-results.mdx): `config_general`, `results`, `versions`,
-    `config_tasks`. Benchmarks are zero-shot tasks `<bench>|0`, the tasks of a mix `<bench>:<task>|0`
-    (lighteval's subtask names). `all` is summary.json's `average` (the unweighted mean over benchmarks,
-    standard errors in quadrature) where lighteval averages every key, standard errors included. Left out:
-    `summary_tasks` and `summary_general` (hashes of lighteval's prompts and tokens)."""
+    """The summary in the layout of lighteval's `results_<time>.json` (its EvaluationTracker's `results`).
+
+    Benchmarks are zero-shot tasks `<bench>|0`, a mix's tasks `<bench>:<task>|0`; `all` is summary.json's
+    `average`. Left out: `summary_tasks` and `summary_general` (hashes of lighteval's prompts and tokens).
+    """
     benchmarks = summary["benchmarks"]
     first = next(iter(benchmarks.values()))["settings"]
     n = first["num_samples"]  # one invocation samples every benchmark n times
@@ -168,10 +164,10 @@ def load_summary(folder: str | Path) -> dict:
 
 
 def compare_results(folder_a: str | Path, folder_b: str | Path) -> tuple[list[dict], list[str]]:
-    """Side by side scores of two bench folders: rows {benchmark, score, a, b, diff (b - a), se_diff,
-    significant} for every benchmark and score both have (and the average when both ran the same
-    benchmarks), `significant` meaning |diff| > 2 sqrt(se_a^2 + se_b^2). Also returns notes naming the
-    settings that differ between the two."""
+    """Side by side scores of two bench folders, and notes naming the settings that differ.
+
+    Rows {benchmark, score, a, b, diff (b - a), se_diff, significant}: |diff| > 2 sqrt(se_a^2 + se_b^2).
+    """
     a, b = load_summary(folder_a), load_summary(folder_b)
     tables = [(name, a["benchmarks"][name]["metrics"], b["benchmarks"][name]["metrics"])
               for name in a["benchmarks"] if name in b["benchmarks"]]

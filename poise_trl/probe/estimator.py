@@ -1,10 +1,8 @@
 """The POISE value probe g(z), its row buffer, the online estimator and its metrics.
 
-PCA on prompt vectors (32 dims) and on response vectors (64), plus 3 entropies, standardized, ridge
-(alpha 100), clipped to [0, 1], refit every step on a FIFO buffer with leave-one-out targets. The PCA
-is exact (`eigh`) or, by default, a warm-started randomized subspace iteration (Halko, Martinsson &
-Tropp 2011). Both are deterministic and leave a CPU float64 state saved as safetensors + JSON, so a
-save/load round trip gives bit-identical predictions. Details: docs/algorithms.md ("The probe").
+PCA of prompt (32 dims) and response vectors (64) plus 3 entropies, standardized, ridge (alpha 100),
+clipped to [0, 1], refit every step on a FIFO buffer of leave-one-out targets; the state is CPU float64,
+saved as safetensors + JSON. Details: docs/algorithms.md ("The probe").
 """
 
 from __future__ import annotations
@@ -25,22 +23,17 @@ from poise_trl.probe.features import ENTROPY_NAMES, RolloutFeatures
 _F64 = torch.float64
 
 
-# ---------------------------------------------------------------------------------------------
-# The probe
-# ---------------------------------------------------------------------------------------------
+# --- The probe -------------------------------------------------------------------------------
 
 
 FIT_METHODS = ("fast", "exact")
 # "full": [prompt, response, entropy] (docs/algorithms.md); "prompt": the prompt vector alone, a value of the
 # prompt that can be read before any rollout exists (the prompt-only baseline, probe-guided selection).
 PROBE_INPUTS = ("full", "prompt")
-# At d <= 512 the exact eigh costs milliseconds: "fast" uses it there (the toy model, d=128, is
-# fit exactly either way).
+# At d <= 512 the exact eigh costs milliseconds: "fast" uses it there.
 EXACT_PCA_MAX_DIM = 512
-# Oversampling p and subspace iterations q of the randomized PCA: its error in the k-th direction
-# shrinks like (sigma_{k+p+1} / sigma_k)^(2q+1) (Halko et al. 2011, Thm. 9.2 / Cor. 10.10). A
-# cold start (first fit, or a changed width) runs 6 iterations; a warm start from the previous
-# fit runs 1 more per step, so over steps the iteration keeps converging as the buffer drifts.
+# Randomized PCA: error ~ (sigma_{k+p+1} / sigma_k)^(2q+1) (Halko et al. 2011, Thm. 9.2); a warm start
+# adds 1 iteration per step, so the iteration keeps converging as the buffer drifts.
 PCA_OVERSAMPLE = 16
 PCA_COLD_ITERS = 6
 PCA_WARM_ITERS = 1
@@ -50,11 +43,11 @@ PCA_SEED = 0
 def _orient_and_trim(
     eigvals: torch.Tensor, comps: torch.Tensor, mean: torch.Tensor, n: int, rounding: float = 1e-24
 ) -> torch.Tensor:
-    """Deterministic signs (the largest-|loading| entry of each component is positive) and components
-    beyond the numerical rank set to 0: their projections are rounding noise that standardization
-    would blow up to unit variance. `eigvals` ascending (all, or the Ritz values), `comps` (k, d)
-    in descending order. `rounding`: variance of rounding noise relative to the sum of x^2 in the
-    precision the scatter was computed in."""
+    """Deterministic signs (largest-|loading| entry positive); components beyond the numerical rank set to 0.
+
+    Their projections are rounding noise that standardization would blow up. `eigvals` ascending, `comps`
+    (k, d) descending; `rounding`: relative variance of rounding noise in the scatter's precision.
+    """
     variances = eigvals.flip(0)[: comps.shape[0]]
     # sum of x^2 over the rows (the Ritz values only bound it from below, which is enough here)
     sq_sum = n * mean.dot(mean) + eigvals.clamp(min=0).sum()
@@ -68,12 +61,7 @@ def _orient_and_trim(
 
 
 def _fit_pca(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact PCA of the rows of `x` in float64: (mean (d,), components (k', d), projections of the
-    centered rows (N, k')) with k' = min(k, rows, d) (docs/algorithms.md, "The probe").
-
-    Eigendecomposition of the (d, d) scatter matrix: one GEMM plus `eigh`, several times faster
-    than an SVD of the (N, d) buffer at the reference size, but O(N d^2 + d^3).
-    """
+    """Exact float64 PCA by `eigh`: (mean (d,), components (k', d), projections (N, k')), k' <= k."""
     mean = x.mean(0, dtype=_F64)
     centered = x - mean  # promoted to float64
     k = min(k, *x.shape)
@@ -85,15 +73,9 @@ def _fit_pca(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch
 def _fit_pca_fast(
     x: torch.Tensor, k: int, init: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Randomized subspace-iteration PCA, same contract as `_fit_pca` (Halko et al. 2011, Alg. 4.4).
+    """Randomized subspace-iteration PCA + Rayleigh-Ritz, contract of `_fit_pca` (Halko et al., Alg. 4.4).
 
-    Start block Omega (d, l), l = min(k + PCA_OVERSAMPLE, rows, d): Gaussian from a fixed seed,
-    its first columns replaced by `init` (the previous fit's nonzero components) when given.
-    Q = orth(X^T X Q) repeated q times on the centered X, then Rayleigh-Ritz: the eigenvectors W
-    of (XQ)^T (XQ) give the components (QW)^T, which decorrelate the projections like exact PCA
-    does. Cost: (2q + 1) products of (N, d) by (d, l). Those products run in the dtype of `x`
-    (float32 features: their rounding, ~1e-7 relative, is far below the sampling noise of the
-    components); the mean, the QRs and the Ritz step run in float64.
+    Warm-started from `init` (the previous components); products in the dtype of `x`, the rest in float64.
     """
     mean = x.sum(0).to(_F64) / x.shape[0]  # in the dtype of x: 15x faster than mean(dtype=float64)
     centered = x - mean.to(x.dtype)
@@ -125,12 +107,8 @@ def _fit_pca_fast(
 class LinearValueProbe:
     """Ridge regression of the leave-one-out target on [PCA(prompt), PCA(response), entropy].
 
-    `use_pca=False` regresses on the standardized raw [prompt, response, entropy] instead.
-    Features with zero variance in the fit data are dropped (standardized to 0), and the
-    intercept is not penalized (it is the target mean, since standardized features are centered).
-    `fit_method="fast"` warm-starts the PCA from this probe's previous fit (docs/algorithms.md,
-    "The probe"); `device` is where the fit runs, the fitted state always lives on the CPU.
-    `inputs="prompt"` regresses on the prompt vector alone (response and entropies ignored).
+    `use_pca=False`: the standardized raw features; `inputs="prompt"`: the prompt vector alone. Zero-variance
+    features are dropped; the intercept is unpenalized. `device`: where the fit runs (the state is on CPU).
     """
 
     def __init__(
@@ -218,11 +196,7 @@ class LinearValueProbe:
         targets: torch.Tensor,
         prompt_pca: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> LinearValueProbe:
-        """Fit on all rows (closed-form ridge; the fast PCA only starts from the previous components).
-
-        `prompt_pca` is another probe's `fitted_prompt_pca` from these same rows, with the same
-        component count and fit method: it is used instead of fitting that PCA again.
-        """
+        """Fit on all rows (closed-form ridge); `prompt_pca`: a probe's `fitted_prompt_pca` of these rows."""
         y = targets.detach().to("cpu", _F64).flatten()
         if len(features) == 0 or y.numel() != len(features):
             raise ValueError(
@@ -292,17 +266,11 @@ class LinearValueProbe:
         self._state = {name: t.detach().to("cpu", _F64).clone() for name, t in state.items()}
 
 
-# ---------------------------------------------------------------------------------------------
-# The buffer
-# ---------------------------------------------------------------------------------------------
+# --- The buffer ------------------------------------------------------------------------------
 
 
 class GroupBuffer:
-    """FIFO of probe rows (features, targets, group ids); evicts WHOLE prompt groups, oldest first.
-
-    docs/algorithms.md, "The probe": capacity counted in rows (reference 4096). When the capacity is not a
-    multiple of the group size the buffer holds fewer rows rather than a partial group.
-    """
+    """FIFO of probe rows (features, targets, group ids); evicts whole groups, oldest first."""
 
     def __init__(self, capacity_rows: int = 4096):
         self.capacity_rows = capacity_rows
@@ -369,9 +337,7 @@ class GroupBuffer:
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# The online estimator
-# ---------------------------------------------------------------------------------------------
+# --- The online estimator --------------------------------------------------------------------
 
 DEFAULT_DOMAIN = "all"
 STATE_FILE = "poise_probe.safetensors"
@@ -382,23 +348,10 @@ FORMAT_VERSION = 1
 class ProbeEstimator:
     """The online POISE value estimator: probe(s) + buffer(s) + counters (docs/algorithms.md, "The probe").
 
-    Per step: `predict` with the probe fitted at the end of the previous step, compute and
-    freeze advantages, log `probe_metrics`, then `update` (append the batch, refit from scratch).
-
-    Bootstrap (docs/algorithms.md, "Bootstrap"), once and globally: probes are first fit at the end of the
-    `bootstrap_steps`-th update (step 16 by default), so POISE starts at step 17; before that
-    `predict` marks rows unavailable and the caller uses RLOO. With `per_domain=True` each domain
-    key gets its own probe and buffer: at the end of the bootstrap step every domain with rows is
-    fit, afterwards a domain is refit at the end of each step that included it (so a domain first
-    seen later is fit at the end of its first step, and used from its next one); a domain absent
-    from a step is neither appended nor refit. Unavailable rows (domain without a fitted probe)
-    predict NaN so that forgetting to check `available` fails loudly instead of silently using a
-    baseline of 0. `device` is where the fits run (not part of the saved config).
-
-    `inputs="prompt"` makes the baselines a value of the prompt alone. `prompt_probe=True` fits,
-    beside each domain's probe and on the same buffer rows and targets, a second probe on the
-    prompt vector alone (`predict_prompts`): it scores prompts before any rollout exists, for
-    probe-guided prompt selection. Both are refit at the same moments and saved together.
+    Per step: `predict` (probe of the previous step), freeze advantages, log `probe_metrics`, then `update`.
+    Before the first fit (end of step `bootstrap_steps`) rows are unavailable and the caller uses RLOO;
+    unavailable rows predict NaN so a missed `available` check fails loudly. `per_domain=True`: a probe and
+    buffer per domain key. `prompt_probe=True`: a second, prompt-only probe per domain (`predict_prompts`).
     """
 
     def __init__(
@@ -491,9 +444,7 @@ class ProbeEstimator:
     def predict_prompts(
         self, prompt_vectors: torch.Tensor, domains: Sequence[str] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Like `predict`, from prompt vectors (B, d) alone: the expected reward of a prompt before
-        it is rolled out, from the prompt-only probes (`prompt_probe=True`), or from the main
-        probes when they are prompt-only themselves (`inputs="prompt"`)."""
+        """Like `predict`, from prompt vectors (B, d) alone: a prompt's expected reward before its rollout."""
         if self.prompt_probe:
             probes = self.prompt_probes
         elif self.probe_config["inputs"] == "prompt":
@@ -528,10 +479,7 @@ class ProbeEstimator:
         group_size: int,
         domains: Sequence[str] | None = None,
     ) -> dict[str, float]:
-        """`update` with precomputed targets; returns buffer rows, refit count, in-sample MAE/Pearson.
-
-        Metric keys are prefixed with "<domain>/" when `per_domain`.
-        """
+        """`update` with precomputed targets; returns buffer rows, refit count, in-sample MAE/Pearson."""
         keys = self._domain_keys(len(features), domains)
         if len(features) % group_size or any(
             len(set(keys[i : i + group_size])) > 1 for i in range(0, len(keys), group_size)
@@ -689,22 +637,16 @@ def _versions() -> dict[str, str]:
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# Online metrics (docs/algorithms.md, "Metrics")
-# ---------------------------------------------------------------------------------------------
+# --- Online metrics (docs/algorithms.md, "Metrics") ------------------------------------------
 
 
 def probe_metrics(
     predictions: torch.Tensor, targets: torch.Tensor, rewards: torch.Tensor, baselines: torch.Tensor
 ) -> dict[str, float]:
-    """Out-of-sample quality of the probe on one batch, all (B,) tensors, before the refit.
+    """Out-of-sample quality of the probe on one batch of (B,) tensors, before the refit.
 
-    `predictions`/`targets`: g(z_i) vs the leave-one-out target of row i; `rewards`/`baselines`:
-    r_i and the b_i used in A_i = r_i - b_i. Variances and the advantage std are population
-    (divide by B). Undefined quantities are NaN, never an exception: Pearson with a constant
-    side, brier skill with constant targets, variance reduction with constant rewards, pairwise
-    sign accuracy with no pair of distinct targets, and everything on an empty batch. Pairwise
-    sign accuracy counts tied predictions on a pair with distinct targets as wrong.
+    Population variances; undefined quantities (constant sides, empty batch) are NaN, never an exception.
+    Pairwise sign accuracy counts tied predictions on a pair with distinct targets as wrong.
     """
     p, t, r, b = (x.detach().to("cpu", _F64).flatten() for x in (predictions, targets, rewards, baselines))
     nan = float("nan")

@@ -1,10 +1,8 @@
 """POISE probe features z_i, read from the policy's own forward pass (docs/algorithms.md, "Features z").
 
-Per rollout and hooked decoder block: a prompt vector (mean of the last `n_pool` prompt tokens), a
-response vector (mean of the last `n_pool` completion tokens ending at the last `</think>`), and three
-mean token entropies (completion, reasoning span, answer span). `HiddenStateCapture` pools inside a
-hook around a forward pass, so only (B, d) float32 CPU tensors leave it; `GenerationCapture` reads the
-same features while `generate` samples. TRL's layout: prompts left-padded, completions right-padded;
+Per rollout and hooked block: a prompt vector, a response vector (ending at the last `</think>`) and three
+mean token entropies. `HiddenStateCapture` pools inside a hook around a forward pass; `GenerationCapture`
+reads the same features while `generate` samples. TRL's layout: prompts left-, completions right-padded;
 `completion_mask` must mark the real completion tokens (not a loss mask), or spans become empty.
 """
 
@@ -24,11 +22,7 @@ ENTROPY_NAMES = ("entropy_completion", "entropy_reasoning", "entropy_answer")
 
 @dataclass
 class RolloutFeatures:
-    """Probe inputs for B rollouts: `prompt` (B, d), `response` (B, d), `entropy` (B, 3).
-
-    Always float32 on CPU (docs/algorithms.md, "Features z"); the entropy
-    columns are (completion, reasoning span, answer span), see `ENTROPY_NAMES`.
-    """
+    """Probe inputs for B rollouts, float32 on CPU: `prompt` (B, d), `response` (B, d), `entropy` (B, 3)."""
 
     prompt: torch.Tensor
     response: torch.Tensor
@@ -74,19 +68,14 @@ class RolloutFeatures:
         return torch.cat([self.prompt, self.response, self.entropy], dim=1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Layers
-# ---------------------------------------------------------------------------------------------
+# --- Layers ----------------------------------------------------------------------------------
 
 
 def resolve_layer_index(num_layers: int, layer: int | float) -> int:
     """0-based decoder block index from an int (negative counts from the end) or a depth fraction.
 
-    A fraction f in (0, 1] selects the block whose OUTPUT sits at depth f: HF `hidden_states[k]`
-    is the output of block k - 1 at depth k / L, and we take the smallest k with k / L >= f,
-    i.e. block ceil(f * L) - 1. Reference (docs/algorithms.md): 0.55 of 36 blocks -> ceil(19.8) - 1 = 19,
-    `hidden_states[20]`; f = 1.0 -> the last block. f * L is rounded to 9 decimals first so that
-    e.g. 0.5 * 36 is exactly 18 (block 17) despite float error.
+    A fraction f in (0, 1] gives block ceil(f * L) - 1, whose output sits at depth f; f * L is rounded to
+    9 decimals first so that e.g. 0.5 * 36 is exactly 18 despite float error.
     """
     if isinstance(layer, bool) or not isinstance(layer, Real):
         raise TypeError(f"layer must be an int or a float fraction of depth, got {layer!r}")
@@ -146,9 +135,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Spans (by token id, never by decoding: docs/algorithms.md, "Features z")
-# ---------------------------------------------------------------------------------------------
+# --- Spans (by token id, never by decoding: docs/algorithms.md, "Features z") ----------------
 
 
 def last_think_end(
@@ -170,10 +157,8 @@ def span_masks(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(completion, reasoning, answer) bool masks of shape (B, T).
 
-    With e = the last `</think>`: reasoning = valid tokens before e, answer = valid tokens after e;
-    `</think>` itself belongs to the completion only. Without `</think>` (truncated mid-thought,
-    or a model that does not think) the whole completion is reasoning and the answer span is
-    empty, so its entropy is 0 (it doubles as a truncation signal; docs/algorithms.md).
+    Split at the last `</think>` (in the completion only); without one the whole completion is reasoning
+    and the answer span is empty.
     """
     valid = completion_mask.bool()
     end = last_think_end(completion_ids, completion_mask, think_end_id)[:, None]
@@ -201,18 +186,13 @@ def build_rollout_features(
     completion_mask: torch.Tensor,
     think_end_id: int,
 ) -> RolloutFeatures:
-    """RolloutFeatures from already-pooled (B, d) vectors and per-token (B, T) entropies.
-
-    The trainer path: entropies come from TRL's `_get_per_token_logps_and_entropies`.
-    """
+    """RolloutFeatures from pooled (B, d) vectors and per-token (B, T) entropies (the trainer path)."""
     return RolloutFeatures(
         prompt, response, entropy_span_means(entropies, completion_ids, completion_mask, think_end_id)
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Pooling
-# ---------------------------------------------------------------------------------------------
+# --- Pooling ---------------------------------------------------------------------------------
 
 
 def _last_n(select: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,9 +212,7 @@ def pooling_positions(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where to pool in the concatenated (B, P + T) sequence, per docs/algorithms.md, "Features z".
 
-    Returns (prompt_index, prompt_valid, response_index, response_valid), each (B, <=n_pool):
-    prompt = last n real prompt tokens (fewer if the prompt is shorter); response = last n valid
-    completion tokens at or before the last `</think>`, or the last n valid tokens if there is none.
+    Returns (prompt_index, prompt_valid, response_index, response_valid), each (B, <=n_pool).
     """
     P = prompt_mask.shape[1]
     prompt_index, prompt_valid = _last_n(prompt_mask.bool(), n_pool)
@@ -294,12 +272,9 @@ class HiddenStateCapture(ForwardHooks):
                 ...one or more forward passes over the rows, in order...
             pooled = cap.pop()  # {19: (prompt (B, d), response (B, d))}
 
-    `set_batch` arms the capture for B rows; each firing of a hook consumes the next rows of
-    its chunk (cursor per layer), so the caller may forward the batch whole or in chunks.
-    Hooks only record inside `capturing()` (`active`): they also fire during `generate()`, the
-    PEFT adapter-disabled reference pass and gradient-checkpoint recomputation, which must be
-    ignored (docs/trl.md, "One step of GRPOTrainer"). Every hook is removed on exit, also
-    after an exception.
+    Each firing of a hook consumes the next rows, so the batch may be forwarded whole or in chunks. Hooks
+    record only inside `capturing()`: they also fire in generate, the PEFT reference pass and
+    gradient-checkpoint recomputation. Every hook is removed on exit, also after an exception.
     """
 
     def __init__(self, model: nn.Module, layers: Sequence[int | float], n_pool: int = 10):
@@ -383,26 +358,20 @@ class HiddenStateCapture(ForwardHooks):
         return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Standalone extraction (probe-eval, tests)
-# ---------------------------------------------------------------------------------------------
+# --- Standalone extraction (probe-eval, tests) -----------------------------------------------
 
 
 ENTROPY_CHUNK_ELEMENTS = 1 << 22  # float32 temporaries of at most 16 MB each
-# During generation, next-token logits wait (at most this many values, 512 KiB in float32) to have their
-# entropies computed together: at a small vocabulary one batch of ops per few dozen decode steps instead
-# of one per step; a distribution at a real vocabulary is past the limit alone and computed at once.
+# During generation, next-token logits wait (at most this many values) to have their entropies computed
+# together: one batch of ops per few dozen decode steps at a small vocabulary.
 PENDING_LOGITS_ELEMENTS = 1 << 17
 
 
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Full-vocabulary entropy (nats) of softmax(logits / temperature) over the last dim, float32, shaped
-    as `logits` without its last dim.
+    """Full-vocabulary entropy (nats, float32) of softmax(logits / temperature) over the last dim.
 
-    Computed a chunk of next-token distributions at a time, so that each float32 temporary holds at most
-    `ENTROPY_CHUNK_ELEMENTS` values (27 distributions at Qwen3's 152k vocabulary) where the whole
-    (B, T, vocabulary) block would add several copies of the logits to the step's peak memory; a small
-    vocabulary takes one chunk (during generation this runs once per decode step).
+    Chunked (at most `ENTROPY_CHUNK_ELEMENTS` per float32 temporary) so the step's peak memory does not hold
+    several copies of the (B, T, vocabulary) logits.
     """
     flat = logits.reshape(-1, logits.shape[-1])
     rows = max(1, ENTROPY_CHUNK_ELEMENTS // max(1, flat.shape[1]))
@@ -434,11 +403,8 @@ def extract_features(
 ) -> dict[int, RolloutFeatures]:
     """Features of B rollouts at every requested layer from ONE chunked no-grad forward pass.
 
-    Returns {resolved block index: RolloutFeatures}. The model is run in eval mode (no dropout,
-    no gradient checkpointing) with `use_cache=False`, exactly on TRL's inputs (ids and attention
-    mask, no position ids), and its train/eval mode is restored afterwards. Entropies are those
-    of the temperature-scaled next-token distribution: the logits at position p predict token
-    p + 1, so completion token t is scored by the logits at position P + t - 1.
+    Returns {resolved block index: RolloutFeatures}. Runs in eval mode with `use_cache=False` on TRL's inputs
+    (ids and attention mask) and restores the model's mode afterwards.
     """
     layer_list = [layers] if isinstance(layers, Real) else list(layers)
     device = next(model.parameters()).device
@@ -485,11 +451,8 @@ def extract_prompt_vectors(
 ) -> torch.Tensor:
     """Prompt vectors (B, d) float32 CPU from a prefill-only no-grad pass over the prompts.
 
-    Attention is causal, so a prompt position's hidden state does not depend on what follows it:
-    these are the prompt vectors the rollout pass would produce (pads are masked and RoPE sees
-    only relative positions, so a different left padding changes them by rounding only). Only
-    the last position's logits are computed (`logits_to_keep=1`); the mode is left as it is
-    (TRL's own no-grad passes run in train mode too).
+    Attention is causal, so these are the prompt vectors the rollout pass would produce (up to rounding
+    from a different left padding). The model's train/eval mode is left as it is, as in TRL's passes.
     """
     device = next(model.parameters()).device
     empty = prompt_ids.new_zeros(prompt_ids.shape[0], 0)
@@ -515,9 +478,7 @@ def pad_sequences(seqs: list[list[int]], pad_id: int, left: bool) -> tuple[torch
     return ids, mask
 
 
-# ---------------------------------------------------------------------------------------------
-# Features read while generating (the trainer's transformers path: no pass of their own)
-# ---------------------------------------------------------------------------------------------
+# --- Features read while generating (the trainer's transformers path: no pass of their own) ---
 
 
 class CaptureUnavailable(RuntimeError):
@@ -550,25 +511,12 @@ class GenerationCapture(ForwardHooks):
             cap.finish(completions, pad_token_id)  # token lists cut after the first EOS, as TRL keeps them
         features = cap.features(completion_ids, completion_mask)  # TRL's padded tensors
 
-    Each generate step is one forward of the causal LM. The prefill's block output gives the prompt
-    vector (pooled in the hook, as `pooling_positions` places it). Decode step j feeds completion token
-    j - 1: its block output enters a ring of the last `n_pool` completion hidden states. Every row still
-    generating has fed the same number of tokens, so all rows write the same slot: a decode step is one
-    copy, and one set test of the fed tokens on the host. A row's ring is copied aside (held) when it
-    feeds `</think>`, and when it feeds its EOS without having fed one, so the response vector is the ring
-    at the LAST `</think>` or, without one, at the end; what a finished row's ring receives afterwards is
-    never read. The ring has one slot more than it pools, so the slot being written holds none of the
-    last `n_pool` states. Step j's logits are those completion token j was sampled from; their entropy
-    at `temperature` is what TRL's fused head computes over the finished sequence (computed a few dozen
-    steps at a time at a small vocabulary, `PENDING_LOGITS_ELEMENTS`). Only (B, n_pool + 1, d) states and
-    (B, T) entropies are kept (docs/algorithms.md: no (B, S, d) activations).
-
-    generate never feeds back the last token it samples, so `finish` runs one closing decode step for it:
-    the rows still generating (a finished row fed its EOS already), one token each, on generate's KV
-    cache, up to the hooked block. A generate call that does not run the hooked block once per token
-    (beam search, chunked prefill, a static or compiled cache: 4D masks), or completions that are not
-    the ones generated (tool calls), leave the capture unusable: `features` raises CaptureUnavailable
-    with the reason. Nothing is raised inside generate.
+    The prefill gives the prompt vector; decode step j feeds completion token j - 1, whose block output
+    enters a ring of the last `n_pool` + 1 states (one copy per step, all rows in the same slot). A row's
+    ring is held when it feeds `</think>`, or its EOS without one. `finish` runs one closing decode step
+    for the last sampled token, which generate never feeds back. A generate call that does not run the
+    block once per token (beam search, static cache, ...) or completions that are not the generated ones
+    make `features` raise CaptureUnavailable with the reason; nothing is raised inside generate.
     """
 
     def __init__(self, model: nn.Module, layer: int | float, eos_token_ids: Sequence[int], think_end_id: int,

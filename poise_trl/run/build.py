@@ -116,14 +116,12 @@ class Run:
 def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = False,
               reward_funcs: list | None = None, trainer_class: type | None = None,
               callbacks: list | None = None) -> Run:
-    """Run plan -> checked model, data, rewards and output folder -> trainer with poise-trl's callbacks and
-    the algorithm's.
+    """Run plan -> checked model, data, rewards and output folder -> trainer with all its callbacks.
 
-    Every check runs before the trainer is built and nothing is written; the reward functions are called
-    once on a dry batch of train rows (`rewards.check_reward_functions`). For Python callers:
-    `reward_funcs` replaces the recipe's `rewards` with callables (TRL's reward-function signature), and
-    `trainer_class` a subclass of the algorithm's trainer (an instrumented one, say), and `callbacks` are
-    TrainerCallbacks called before poise-trl's own (a benchmark's step clock, say)."""
+    Every check (the reward functions on a dry batch included) runs before the trainer is built; nothing is
+    written. `reward_funcs` replaces the recipe's rewards, `trainer_class` subclasses the algorithm's trainer,
+    `callbacks` run before poise-trl's own.
+    """
     settings, args, algorithm = plan.settings, plan.args, plan.algorithm
     if settings.push_to_hub and not args.hub_model_id:
         raise RecipeError("push_to_hub needs the repository to push to: set hub_model_id: <user>/<name>")

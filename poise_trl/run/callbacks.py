@@ -44,14 +44,9 @@ class Budget:
 class HeldOutEvalCallback(TrainerCallback):
     """Held-out Avg@k accuracy against the compute spent to reach it.
 
-    Evaluates at the start, every `every` optimizer steps, at each budget point, and at the
-    end. Every point records the step, the generated tokens and rollouts so far (counted by
-    `CountingGRPOTrainer`) and `train_seconds`: time inside optimizer steps only, so held-out
-    evaluation and checkpoint writing never count as an algorithm's cost. With a `budget`,
-    training stops once it is spent. The curve, the clock and the counters are saved in every
-    checkpoint (LEDGER_FILE) and restored on resume, so a resumed run's curve is continuous.
-    The wall clock also adds up over the segments of a resumed run (up to each one's checkpoint:
-    work redone after an interruption counts once).
+    Evaluates at the start, every `every` steps, at each budget point and at the end; each point records the
+    step, the generated tokens and rollouts and `train_seconds` (optimizer steps only). With a `budget`,
+    training stops once it is spent. Curve, clock and counters are checkpointed, so a resumed run continues.
     """
 
     def __init__(self, dataset, tokenizer, every: int, num_samples: int, temperature: float,
@@ -85,10 +80,10 @@ class HeldOutEvalCallback(TrainerCallback):
         return self.budget is not None and self.spent(self.budget.unit) >= self.budget.amount
 
     def _evaluates_here(self, state) -> bool:
-        """The main process evaluates. When the weights are sharded over the processes (FSDP,
-        DeepSpeed ZeRO-3) and generation runs on the policy itself, every forward gathers the
-        shards, a collective all processes must join: then every process runs the same seeded
-        evaluation (identical results, kept by all, written by the main process)."""
+        """The main process evaluates; with sharded weights generating on the policy, every process does.
+
+        Every forward then gathers the shards, a collective; the seeded results are identical everywhere.
+        """
         if state.is_world_process_zero:
             return True
         trainer = self.trainer
@@ -114,11 +109,10 @@ class HeldOutEvalCallback(TrainerCallback):
         self.history.append(result)
 
     def _push_weights_to_engine(self, state) -> None:
-        """Before an evaluation point, on EVERY process: make the colocated engine hold this
-        step's weights. TRL pushes them before a generation round when the step changed; the
-        same check here, so neither pushes twice. Under FSDP / ZeRO-3 pushing gathers the
-        shards, a collective, which is why this runs everywhere and not only where the
-        evaluation runs (the main process)."""
+        """Before an evaluation point, on EVERY process: give the colocated engine this step's weights.
+
+        The same step check as TRL's, so neither pushes twice; under FSDP / ZeRO-3 the push is a collective.
+        """
         trainer = self.trainer
         if colocated_vllm(trainer) is not None and trainer._last_loaded_step != state.global_step:
             trainer.vllm_generation.sync_weights()

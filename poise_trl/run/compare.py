@@ -1,9 +1,8 @@
-"""`poise compare`: recipes against each other at equal generation compute, over seeds.
+"""`poise compare`: recipes against each other at equal generation compute, over seeds (docs/comparisons.md).
 
-Every (recipe, seed) run is `poise train RECIPE seed=S budget_tokens=N ...` in its own process, written to
-O/runs/<name>/seed<S>/ (complete runs are skipped, interrupted ones resume). Aggregation reads only the
-runs' summary.json files: held-out curves at equal fractions of the budget, aligned by budget point over
-seeds, and TRL's per-step log. docs/comparisons.md.
+Every (recipe, seed) run is `poise train RECIPE seed=S budget_tokens=N ...` in its own process under
+O/runs/<name>/seed<S>/ (complete runs skipped, interrupted ones resumed); aggregation reads only their
+summary.json files.
 """
 
 from __future__ import annotations
@@ -81,16 +80,11 @@ class PlannedRun:
     folder: Path
 
 
-# ---------------------------------------------------------------------------------------
-# Pure functions on curves (tested against hand-made curves)
-# ---------------------------------------------------------------------------------------
+# --- Pure functions on curves (tested against hand-made curves) ------------------------
 
 
 def first_crossing(xs: list[float], ys: list[float], target: float) -> float | None:
-    """The x at which a piecewise-linear curve first reaches `target` (None if it never does).
-
-    Between two evaluations the curve is taken as linear: if y_{i-1} < target <= y_i, the
-    crossing is x_{i-1} + (target - y_{i-1}) / (y_i - y_{i-1}) * (x_i - x_{i-1})."""
+    """The x at which a piecewise-linear curve first reaches `target` (None if it never does)."""
     for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         if y >= target:
             if i == 0:
@@ -189,9 +183,7 @@ def aggregate_bins(per_seed: list[list[float | None]]) -> list[dict]:
     return out
 
 
-# ---------------------------------------------------------------------------------------
-# Planning and running
-# ---------------------------------------------------------------------------------------
+# --- Planning and running --------------------------------------------------------------
 
 
 def run_names(recipe_paths: list[Path]) -> list[str]:
@@ -287,9 +279,7 @@ def execute_runs(runs: list[PlannedRun], budget: Budget, overrides: list[str], m
             )
 
 
-# ---------------------------------------------------------------------------------------
-# Aggregation
-# ---------------------------------------------------------------------------------------
+# --- Aggregation -----------------------------------------------------------------------
 
 
 def load_summaries(runs: list[PlannedRun]) -> dict[str, list[dict]]:
@@ -416,9 +406,7 @@ def aggregate(runs: list[PlannedRun], budget: Budget, target: str | None, recipe
     }
 
 
-# ---------------------------------------------------------------------------------------
-# Paired differences between arms, with the noise of seeds and of the held-out sample
-# ---------------------------------------------------------------------------------------
+# --- Paired differences between arms, with the noise of seeds and of the held-out sample ---
 
 
 def curve_weights(points: int) -> np.ndarray:
@@ -444,12 +432,11 @@ def seed_evaluations(curves: list[list[dict]], length: int) -> list[np.ndarray |
 
 def paired_difference(first: list[list[dict]], second: list[list[dict]], samples: int = BOOTSTRAP_SAMPLES,
                       seed: int = 0) -> dict:
-    """Arm `first` minus arm `second` (their budget curves, seed by seed: same seeds, same order) in final
-    and area-under-curve held-out accuracy, with 95% percentile intervals of a bootstrap that redraws the
-    seeds and, within each seed, the held-out prompts (the same prompts for both arms and every budget
-    point: arms of one seed share the held-out set and the sampling seed). Runs without per-prompt results
-    (made before runs kept them) add a normal draw from each evaluation's standard error instead (`noise`
-    says which)."""
+    """Arm `first` minus arm `second` (seed by seed) in final and area-under-curve held-out accuracy.
+
+    95% percentile intervals of a bootstrap over seeds and, within a seed, the shared held-out prompts; runs
+    without per-prompt results use a normal draw from each evaluation's standard error (`noise` says which).
+    """
     length = min(len(c) for c in [*first, *second])
     weights = curve_weights(length)
     evaluations = list(zip(seed_evaluations(first, length), seed_evaluations(second, length), strict=True))
@@ -467,10 +454,8 @@ def paired_difference(first: list[list[dict]], second: list[list[dict]], samples
         pairs = [list(zip(ca[:length], cb[:length], strict=True))
                  for ca, cb in zip(first, second, strict=True)]
         per_seed = np.array([[pa["accuracy"] - pb["accuracy"] for pa, pb in pair] for pair in pairs])
-        # The held-out sample's noise from each evaluation's standard error over prompts: one normal draw
-        # per seed for all its budget points, the arms' errors independent. Both err wide: shared prompts
-        # correlate the arms' errors (narrowing the difference's spread), and a seed's points move partly
-        # apart. None at the start, where both arms evaluate the same policy on the same draw.
+        # One normal draw per seed for all its budget points, the arms' errors independent: both err wide.
+        # None at the start, where both arms evaluate the same policy on the same draw.
         scale = np.array([[0.0 if pa["step"] == pb["step"] == 0 and pa["accuracy"] == pb["accuracy"]
                            else math.hypot(pa["stderr"], pb["stderr"]) for pa, pb in pair] for pair in pairs])
         chosen = rng.integers(0, seeds, size=(samples, seeds))
@@ -503,9 +488,7 @@ def _ratio(value: float | None, reference: float | None) -> float | None:
     return value / reference if value is not None and reference else None
 
 
-# ---------------------------------------------------------------------------------------
-# Outputs
-# ---------------------------------------------------------------------------------------
+# --- Outputs ---------------------------------------------------------------------------
 
 
 def write_outputs(report: dict, output_dir: Path) -> list[Path]:

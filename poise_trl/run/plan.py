@@ -1,12 +1,9 @@
-"""`poise plan`: per-GPU memory of a recipe from the model's config alone, before any weights are
-downloaded, and whether it fits.
+"""`poise plan`: per-GPU memory of a recipe from the model's config alone, and whether it fits.
 
-Every item is bytes per GPU for one training micro-batch: weights, gradients and AdamW state in the dtype
-and sharding of the launch (DDP, FSDP2, ZeRO-1/2/3), activations of every decoder block (only block inputs
-with gradient checkpointing), TRL's fused LM head, vLLM's colocate share, a KL reference copy and the
-algorithm's own items (`Algorithm.memory_items` through a `PlanView`). The total slightly overestimates the
-peak; `tests/test_plan.py` checks it against real training steps on the CPU. Each item's rule:
-docs/multi-gpu.md ("What the plan counts").
+Bytes per GPU for one training micro-batch: weights, gradients and optimizer state under the launch's
+sharding, activations, TRL's fused LM head, vLLM's colocate share, a KL reference and the algorithm's own
+items (`Algorithm.memory_items`). The total slightly overestimates the peak (`tests/test_plan.py`).
+Each item's rule: docs/multi-gpu.md ("What the plan counts").
 """
 
 from __future__ import annotations
@@ -210,12 +207,8 @@ def _model_shape(model: str) -> ModelShape:
 def layer_activation_bytes(shape: ModelShape, tokens: int, compute: int, residual: int) -> int:
     """Bytes autograd saves in one Qwen2/Qwen3/Llama decoder block for `tokens` tokens.
 
-    `compute`: bytes of a matmul output (2 under bf16 autocast); `residual`: bytes of the
-    residual stream (the load dtype). Per RMSNorm: its fp32 upcast, the normalized tensor and
-    the next linear's input; q and k: projection, q/k-norm (Qwen3), rotary output and its
-    rotate_half; v; attention output and its contiguous copy for o_proj; SwiGLU: gate, up,
-    SiLU(gate) and the product. SDPA runs a flash kernel (CUDA, and `_scaled_dot_product_flash_attention_for_cpu`
-    on the CPU, padding mask included), which keeps no (heads, S, S) scores.
+    `compute`: bytes of a matmul output (2 under bf16 autocast); `residual`: of the residual stream. SDPA runs
+    a flash kernel (CUDA and CPU), which keeps no (heads, S, S) scores.
     """
     h, f = shape.hidden_size, shape.intermediate_size
     q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
@@ -227,11 +220,11 @@ def layer_activation_bytes(shape: ModelShape, tokens: int, compute: int, residua
 
 def lm_head_bytes(shape: ModelShape, tokens: int, compute: int, residual: int, device: str = "cuda",
                   weight_grad: bool = True) -> int:
-    """TRL's fused LM head (trl.kernels.chunked_logprob): the scored hidden states, one logits tile
-    (allocated 4096 x 32768 whatever the vocabulary), 7 fp32 running statistics and 2 outputs per
-    token; in backward an fp32 grad of the hidden states and, with `weight_grad`, of the weight (unless
-    it becomes the parameter's own .grad, counted with the gradients). Without Triton (the CPU)
-    `_backward_tile` runs torch ops on the whole tile: 8 fp32 temporaries of its used width, a bool mask."""
+    """TRL's fused LM head (trl.kernels.chunked_logprob): hidden states, a 4096 x 32768 logits tile, per-token
+    statistics and outputs; in backward the fp32 grads of the hidden states and (`weight_grad`) of the weight.
+
+    Without Triton (the CPU) `_backward_tile` adds 8 fp32 temporaries of the tile's used width and a mask.
+    """
     tile = min(tokens, LM_HEAD_TOKEN_TILE) * LM_HEAD_VOCAB_TILE * compute
     forward = tokens * shape.hidden_size * residual + tile + 9 * 4 * tokens
     backward = tokens * shape.hidden_size * 4 + (shape.lm_head_parameters * 4 if weight_grad else 0)

@@ -154,9 +154,7 @@ def split_recipe(recipe: dict, algorithm) -> tuple[RunSettings, dict]:
     return RunSettings(**run_kwargs), config_kwargs
 
 
-# ---------------------------------------------------------------------------------------
-# Value checks: one line naming the key, the value and the fix, before anything runs
-# ---------------------------------------------------------------------------------------
+# --- Value checks: one line naming the key, the value and the fix, before anything runs ---
 
 def _matches(value: Any, hint: Any) -> bool:
     """Whether a YAML value fits a dataclass field's annotation; types we do not know pass

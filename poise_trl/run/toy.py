@@ -1,9 +1,7 @@
-"""The worlds of `poise toy build`: the tiny model (a character-level tokenizer with a chat template, a tiny
-Qwen3 causal LM taught with TRL's SFTTrainer to solve `toy-arith` with a scratchpad), the multitask model
-built on it, and the real-shape world (a random-init Qwen3 at a real geometry with Qwen3's own tokenizer).
+"""The worlds of `poise toy build`: the tiny model (a character-level tokenizer and a tiny Qwen3 taught
+`toy-arith` with TRL's SFTTrainer), the multitask model built on it, and the real-shape world.
 
-The model class is the real `Qwen3ForCausalLM`, so every code path (hooks on decoder layers, fused
-entropies, PEFT, chat templates, `<think>` spans) is the one a Qwen3-4B run takes.
+The model class is the real `Qwen3ForCausalLM`, so every code path is the one a Qwen3-4B run takes.
 """
 
 from __future__ import annotations
@@ -243,11 +241,8 @@ Package versions: {json.dumps(card['versions'])}
 """
 
 
-# The multitask world: the tiny model taught toy-arith and four reasoning-gym generators, each in a config
-# whose questions and answers are short and printable ASCII (the tokenizer's characters), with reasoning-gym's
-# shortest system prompt that asks for a draft then <answer>. A task's slip rate (the share of its training
-# answers that are wrong) keeps its sampled accuracy inside (0.15, 0.85): every task of an RL mix has reward
-# variance to learn from.
+# The multitask world: toy-arith and four reasoning-gym generators in configs of short printable ASCII. A
+# task's slip rate (share of wrong training answers) keeps its accuracy in (0.15, 0.85): reward variance.
 DRAFT_PROMPT = {"system_prompt": "chain_of_draft"}
 MULTITASK_TASKS: dict[str, dict] = {  # task -> its config, as a recipe's mix entry gives it
     "math:toy-arith": {},
@@ -348,11 +343,11 @@ def build_multitask_model(
     progress: bool = True,
     overwrite: bool = False,
 ) -> dict:
-    """`build_tiny_model` for the multitask world: the toy-arith model in `base_dir` (default: the bundled
-    tiny-qwen3) supervised further on the tasks of MULTITASK_TASKS, toy-arith among them so that it keeps it,
-    in equal shares at each task's slip rate; held-out sampled accuracy per task (`eval_rows` of each task's
-    test split) in the card. Starting from the toy-arith model leaves the whole SFT budget to the new tasks,
-    which keeps the build within minutes on a CPU."""
+    """`build_tiny_model` for the multitask world: the toy-arith model (`base_dir`) taught MULTITASK_TASKS.
+
+    Equal shares at each task's slip rate, toy-arith kept; the card holds held-out accuracy per task. Starting
+    from the toy-arith model keeps the build within minutes on a CPU.
+    """
     from datasets import Dataset
 
     from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
@@ -534,15 +529,10 @@ WORLDS = {"toy-arith": ("tiny-qwen3", build_tiny_model),
 
 def build_tiny_critic(output_dir: str | Path, actor_dir: str | Path | None = None, num_layers: int = 2,
                       hidden_size: int = 64, seed: int = 0) -> dict:
-    """A small Qwen3 value model for the toy world, saved to `output_dir` (safetensors).
+    """A small Qwen3 value model for the toy world, saved to `output_dir` (safetensors); returns its card.
 
-    With `actor_dir` (the tiny actor, data/tiny-qwen3): the actor's tokenizer, its token
-    embeddings, its first `num_layers` decoder blocks and its final norm; the hidden size is
-    the actor's. The critic thus starts from the actor's pretrained features, the premise of
-    AsyPPO paper ("Asymmetric PPO is possible due to the initial representational ability of
-    the model"), at a fraction of its depth. Without `actor_dir`: the toy tokenizer of
-    poise_trl/run/toy.py and random weights of `hidden_size`. The scalar head is drawn from
-    `seed` in both cases. Returns a card (also written to build_info.json).
+    With `actor_dir`: the actor's tokenizer, embeddings, first `num_layers` blocks and final norm (AsyPPO's
+    premise: the critic starts from the actor's features). Without: the toy tokenizer and random weights.
     """
     output_dir = Path(output_dir)
     torch.manual_seed(seed)

@@ -24,10 +24,10 @@ from poise_trl.run.run_folder import clear_run_folder, rerun_outcome
 
 
 def save_full_model(trainer, folder: Path) -> None:
-    """The whole model, loadable with from_pretrained, on every launch. Under FSDP with sharded
-    checkpoints (SHARDED_STATE_DICT) the Trainer's save_model writes no weights; the plugin is
-    switched to a full state dict for this one save, accelerate's documented way ("trains with
-    sharded, but final save is with full"). Gathering is a collective: every process calls this."""
+    """The whole model, loadable with from_pretrained, on every launch; every process must call it.
+
+    Under FSDP with sharded checkpoints the plugin is switched to a full state dict for this one save.
+    """
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
     previous = plugin.state_dict_type if plugin is not None else None
     if plugin is not None and "FULL_STATE_DICT" not in str(previous):
@@ -43,12 +43,10 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
                       overwrite: bool = False, log=print, callbacks: list | None = None) -> dict:
     """Run one recipe to completion; returns (and writes) the summary.
 
-    Recipe, model, data and output folder are checked before anything is written. An output
-    folder holding an unfinished run of the same recipe resumes from its newest complete
-    checkpoint; a finished one is left untouched and its summary returned (with
-    `already_finished: True`, not written); one holding another run is refused unless
-    `overwrite`. `log` gets the one-line notes (resuming, finished, skipped checkpoints); `callbacks`
-    (TrainerCallbacks) go to `build.build_run`."""
+    Everything is checked before anything is written. An unfinished run of the same recipe resumes from its
+    newest complete checkpoint; a finished one is returned untouched (`already_finished: True`); another run's
+    folder is refused unless `overwrite`. `log` gets one-line notes; `callbacks` go to `build.build_run`.
+    """
     plan = parse_recipe(recipe, output_dir)
     check_memory_plan(plan)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
     rerun = functools.partial(rerun_outcome, plan.args.output_dir, recipe)  # what a rerun would do

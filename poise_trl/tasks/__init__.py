@@ -1,11 +1,8 @@
 """Task families: where a run's prompts come from and how each completion is rewarded.
 
-A family is one module here defining `TASK = TaskFamily(...)` with `build_rows(variant, config, split,
-size, seed)` (rows with `id`, `prompt`, `answer`, `verifier`) and `score(completion_text, verifier)` (a
-reward in [0, 1]; optionally `score_batch`). Its registration line is its entry in `FAMILIES` (imported on
-first use). A dataset may also be a task mix (`mix_rows`), whose rows keep their `task` column so the
-`task` reward routes them. Non-math families share one answer rule (`extract_tagged_answer`). Row layout,
-splits and each family: docs/tasks.md ("Task family reference").
+A family is one module here defining `TASK = TaskFamily(...)` (`build_rows` gives rows with `id`, `prompt`,
+`answer`, `verifier`; `score` a reward in [0, 1]), registered by its line in `FAMILIES`. A task mix
+(`mix_rows`) keeps each row's `task` column so the `task` reward routes it. Details: docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -142,10 +139,11 @@ def weighted_shares(total: int, weights: Sequence[float]) -> list[int]:
 
 
 def mix_sizes(entries: Sequence[MixEntry], split: str, total_size: int | None) -> list[int | None]:
-    """Rows of each entry: on the train split an entry's own size; the entries without one share what
-    `total_size` leaves in proportion to their weights. Without a total size each of those gives its
-    family's default number of rows (None), so weights that differ there are refused as meaningless.
-    An entry's `size` counts training rows: the test split is shared out of `total_size` alone."""
+    """Rows of each entry on the train split: its `size`, else a weighted share of what `total_size` leaves.
+
+    Without a total size such entries take their family's default (None), so differing weights are refused.
+    The test split is shared out of `total_size` alone.
+    """
     own = [entry.size if split == "train" else None for entry in entries]
     rest = [i for i, size in enumerate(own) if size is None]
     if not rest:
@@ -247,10 +245,10 @@ MIX_FILE_SUFFIXES = (".yaml", ".yml")
 
 
 def resolve_dataset(dataset: str | list, option: str = "--dataset") -> str | list:
-    """What `load_prompt_dataset` reads for a dataset named on the command line (`option`): a YAML file
-    (.yaml/.yml) gives its `dataset:` list, a task mix in the recipe format; task names joined by `+`
-    (`reasoning-gym:a+reasoning-gym:b`) are a mix of equal weights; a list is a mix already; anything else (a
-    name, file, folder or hub id) is itself."""
+    """What `load_prompt_dataset` reads for a dataset named on the command line (`option`).
+
+    A YAML file gives its `dataset:` list; `a+b` task names are an equal-weight mix; anything else is itself.
+    """
     if isinstance(dataset, (list, tuple)):
         return list(dataset)
     path = Path(dataset)
@@ -299,11 +297,12 @@ def load_prompt_dataset(source: str | Path | list, split: str | None = None, col
                         limit: int | None = None, seed: int = 0, config: str | None = None,
                         column_option: str | None = None,
                         task_config: dict | None = None) -> datasets.Dataset:
-    """Any dataset a recipe or a command names, as prompt rows. A task name (`reasoning-gym:leg_counting`)
-    gives that family's rows for `split` ("test", "all" for a fixed set's every row, else train), `limit` of
-    them, seeded by `seed`, with `task_config` as the family's config; a list is a task mix (`mix_rows`):
-    `limit` rows in all, shared by the entries' weights. Anything else is a math dataset
-    (`prompts.load_math_dataset`, which documents the other arguments)."""
+    """Any dataset a recipe or a command names, as prompt rows.
+
+    A task name gives that family's rows for `split` ("test", "all", else train), `limit` of them seeded by
+    `seed`, with `task_config`; a list is a task mix (`mix_rows`); anything else is a math dataset
+    (`prompts.load_math_dataset`, which documents the other arguments).
+    """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be positive, got {limit}")
     if isinstance(source, (list, tuple)):  # a task mix: each entry names its own config

@@ -1,10 +1,8 @@
-"""BFCL: the Berkeley Function Calling Leaderboard's single-turn Python categories (v4 data).
+"""BFCL: the Berkeley Function Calling Leaderboard's single-turn Python categories (v4, `bfcl-eval`).
 
-`bfcl` takes all four categories, `bfcl:simple`, `bfcl:multiple`, `bfcl:parallel`, `bfcl:parallel_multiple`
-one each, read offline from the data bundled in `bfcl-eval`. Functions are JSON tools in the system prompt
-(Qwen's Hermes convention); calls are read from `<tool_call>` blocks after the last `</think>`. Reward 1
-or 0 by BFCL's AST rule, reimplemented (bfcl-eval's checker imports every model client), with parallel
-calls passing when any one-to-one pairing works. Details: docs/tasks.md ("BFCL").
+`bfcl` takes all four categories, `bfcl:<category>` one. Functions are JSON tools in the system prompt;
+calls are read from `<tool_call>` blocks after the last `</think>`. Reward 1 or 0 by BFCL's AST rule,
+reimplemented (bfcl-eval's checker imports every model client). Details: docs/tasks.md ("BFCL").
 """
 
 from __future__ import annotations
@@ -224,10 +222,7 @@ def _as_lists(possible: list) -> list:
 
 
 def _type_ok(value, possible: list, expected: type, item_type: type | None) -> tuple[bool, bool]:
-    """(whether `value` has an acceptable type, whether the answer is a variable name rather than a value).
-
-    A possible answer whose type differs from the declared one names a variable (BFCL writes them as
-    strings); a value of the answer's type is then accepted as it is."""
+    """(whether `value` has an acceptable type, whether the answer names a variable rather than a value)."""
     answer_type = next((type(option) for option in possible if option != ""), None)
     is_variable = answer_type is not None and answer_type is not expected
     if type(value) is expected:

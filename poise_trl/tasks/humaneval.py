@@ -1,10 +1,7 @@
-"""HumanEval (Chen et al. 2021): write a Python function from its signature and docstring; reward 1 when
-every check of the problem's tests holds (`poise_trl.tasks.sandbox.judge_many`, docs/sandbox.md).
+"""HumanEval (Chen et al. 2021): write a Python function; reward 1 when every check of its tests holds.
 
-129 train / 35 test problems by a stable hash of the task id. The solution (the last fenced code block
-after the last `</think>`) runs in the sandbox; the problem's own `check(candidate)` runs here, each
-`candidate(...)` a call answered by the sandbox with plain data. Config keys: `timeout_s`, `code_sandbox`.
-Details: docs/tasks.md ("HumanEval").
+129 train / 35 test problems by a stable hash of the task id. The solution runs in the sandbox; the
+problem's `check(candidate)` runs here (`core.sandbox.judge_many`). Details: docs/tasks.md ("HumanEval").
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable
 
-from poise_trl.tasks import sandbox
+from poise_trl.core import sandbox
 from poise_trl.tasks.family import TaskError, TaskFamily, answer_part
 
 TEST_PERCENT = 20

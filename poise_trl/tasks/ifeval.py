@@ -1,10 +1,8 @@
 """IFEval-style instruction following: a writing request with 1-3 verifiable constraints.
 
-The constraints are lm-eval's IFEval registry instructions (lm-eval 0.4.13), drawn per prompt from a
-seed; train and test never share a prompt. Reward: the share of constraints the answer (after the last
-`</think>`) follows, by IFEval's strict check. Offline, the instructions that need nltk's punkt data are
-left out. Config keys: `min_constraints`, `max_constraints`, `instructions`. Details: docs/tasks.md
-("IFEval").
+lm-eval's IFEval instructions drawn per prompt from a seed; reward: the share of constraints the answer
+follows by IFEval's strict check (offline, those needing nltk's punkt data are left out). Details:
+docs/tasks.md ("IFEval").
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Math answers: find the final answer in a completion and grade it with math-verify.
 
-The answer part is the text after the last `</think>` (an unclosed `<think>` scores 0); in it the last
-`\\boxed{...}` (with the boxes of the same answer), else the text after a "final answer" cue, else the end
-of the text goes to math-verify, after numbers are put in one form on both sides. Golds may list
-alternatives. Grading runs in killable worker processes (`worker_pool`), so a grade that overruns
-`timeout_seconds` is False and never blocks the caller longer. Details: docs/tasks.md ("Grading").
+The answer part is the text after the last `</think>` (an unclosed `<think>` scores 0); its last box, else
+the text after a "final answer" cue, else its end goes to math-verify. Grading runs in killable worker
+processes (`worker_pool`): a grade that overruns `timeout_seconds` is False. Details: docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ from math_verify.utils import timeout as signal_timeout
 from poise_trl.tasks.family import answer_part
 from poise_trl.tasks.worker_pool import WorkerPool, grade_in_workers
 
-# Cheap guards before math-verify: deeply nested brackets or long answers can keep sympy busy for the
-# whole timeout, and a policy in training produces such garbage routinely. Real answers are far
-# smaller (MATH-500's longest is 53 characters, its deepest 2 levels). Golds get the same bounds.
+# Cheap guards before math-verify: deep nesting or long answers (routine garbage in training) keep sympy busy
+# for the whole timeout. MATH-500's longest answer is 53 characters, its deepest 2 levels.
 MAX_ANSWER_CHARS = 1000
 MAX_NESTING = 10
 MAX_EXPONENT = 10_000  # also the largest factorial or binomial argument an answer may use
@@ -58,9 +55,10 @@ def gold_alternatives(gold) -> list:
 
 
 def join_alternatives(golds: Sequence[str]) -> str:
-    """Golds of which any one is right, as one string for a dataset's `answer` column: the gold itself
-    when there is one, else a JSON list (TRL passes dataset columns through as they are, and a column of
-    lists would not mix with one of strings); "" when there is none."""
+    """Golds of which any one is right, as one `answer` string: the gold itself, a JSON list, or "" for none.
+
+    A string, because TRL passes columns through as they are and a column of lists would not mix with strings.
+    """
     unique = list(dict.fromkeys(golds))
     if len(unique) == 1:
         return unique[0]
@@ -112,9 +110,7 @@ def all_boxed(text: str) -> list[str]:
 def _final_boxes(text: str, spans: list[tuple[int, int, str]]) -> list[str]:
     """Contents of the last box of `text` and of the boxes before it that belong to the same answer.
 
-    math-verify's rule for one answer in several boxes: two boxes are parts of one answer when less than
-    10 characters separate them, or less than 70 that include `,`, `;`, `and` or `or` and the contents
-    differ (`x = \\boxed{3}, y = \\boxed{4}`; but `\\boxed{1} no no no \\boxed{2}` answers 2).
+    math-verify's rule: boxes < 10 characters apart, or < 70 with `,`, `;`, `and`, `or` and other contents.
     """
     first = len(spans) - 1
     while first > 0:
@@ -209,11 +205,10 @@ _TRAILING_DOTS_RE = re.compile(r"\s*,\s*\\[lc]?dots\s*$")  # `1, 2, 3, \dots`
 
 
 def _tidy_answer(text: str) -> str:
-    """One answer (not a whole solution) in the form the grader compares, for golds and predictions alike.
+    """One answer in the form the grader compares, golds and predictions alike (Minerva's rules). Idempotent.
 
-    Surrounding `$...$` / `\\(...\\)`, trailing punctuation, bold, a unit after a number (`9 (apples)`,
-    `5 cm`), an ordinal suffix and a trailing `, \\dots` are dropped (the Minerva normalisation's rules), then
-    numbers are put in one form (`canonical_numbers`). Idempotent.
+    Drops `$...$`, trailing punctuation, bold, units after a number, ordinals and `, \\dots`; then
+    `canonical_numbers`.
     """
     text = text.strip()
     if _DOLLAR_LIST_RE.fullmatch(text):
@@ -238,14 +233,10 @@ def _tidy_answer(text: str) -> str:
 
 
 def normalize_gold_answer(text) -> str:
-    """A dataset's gold answer in the form the grader compares: done once, when the dataset is loaded.
+    """A dataset's gold answer in the form the grader compares, once when the dataset is loaded. Idempotent.
 
-    A worked solution becomes its answer: the content of its last `\\boxed{}` (with the boxes before it
-    that belong to the same answer, joined with `, `, which math-verify reads as a tuple or set),
-    the number after GSM8K's `####`, or Minerva's "Final Answer: The final answer is ...". Then
-    `_tidy_answer`: `$...$`, trailing period, units (`9 (apples)`), thousands separators and scientific
-    notation are dealt with. Numbers keep their value (AIME's `70.0` becomes `70`). Alternatives
-    (`gold_alternatives`) are normalised one by one. Idempotent.
+    A worked solution becomes its answer (its last boxes joined with `, `, the number after GSM8K's `####`,
+    or Minerva's "Final Answer" line), then `_tidy_answer`; alternatives are normalised one by one.
     """
     if len(alternatives := gold_alternatives(text)) != 1:
         return join_alternatives([gold for item in alternatives if (gold := normalize_gold_answer(item))])
@@ -277,12 +268,7 @@ def _too_complex(text: str) -> bool:
 
 
 def _explosive(expr: sympy.Basic) -> bool:
-    """Whether comparing `expr` would evaluate a gigantic power, factorial or binomial (`10^{10^{10}}`).
-
-    Such an evaluation is a single C-level big-integer operation that nothing but killing the process
-    stops; catching it here answers at once instead of at the timeout. Walking the tree bottom-up catches
-    an inner monster before an outer one is evaluated.
-    """
+    """Whether comparing `expr` would evaluate a gigantic power, factorial or binomial (refused at once)."""
     for node in sympy.postorder_traversal(expr):
         if isinstance(node, sympy.Pow):
             sizes = [node.exp]
@@ -351,9 +337,7 @@ _FINAL_ANSWER_RE = re.compile(r"final answer", re.IGNORECASE)  # overrides an ea
 def _predictions(part: str, timeout: int | None, decimal_comma: bool = False) -> list[tuple]:
     """Parsed candidates for the answer in `part`, most specific first; [] when there is none.
 
-    The last `\\boxed{}` is the answer (even when unparseable or unclosed), unless a "final answer"
-    follows it; the boxes that belong to the same answer as the last (`_final_boxes`) are tried together too.
-    With `decimal_comma`, a box such as `1,22` is also read as the decimal 1.22.
+    The last box (with `_final_boxes`) unless a "final answer" follows; `decimal_comma`: `1,22` is 1.22.
     """
     spans = _boxed_spans(part)
     cue = max((match.start() for match in _FINAL_ANSWER_RE.finditer(part)), default=-1)
@@ -432,11 +416,7 @@ def _deadline_tracer(deadline: float):
 
 
 def _grade_here(completion_text: str, gold, timeout_seconds: float) -> bool:
-    """Grade in this process; never raises. The fallback where no worker process can be started.
-
-    math-verify's timeouts use SIGALRM, which only the main thread may set; in other threads a trace
-    hook enforces the deadline instead (it cannot stop a single long C-level operation: the worker can).
-    """
+    """Grade in this process, never raising: the fallback where no worker starts (SIGALRM: main thread)."""
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous_tracer = sys.gettrace()
     if not in_main_thread:
@@ -472,22 +452,15 @@ _POOL = WorkerPool(f"{__name__}:grade_pair", warm_up=[(pair, 60) for pair in _WA
 
 
 def grade_batch(pairs: Sequence[tuple[str, object]], timeout_seconds: float = GRADE_TIMEOUT_S) -> list[bool]:
-    """`is_correct` for each `(completion_text, gold)` pair, in one round trip to a worker process.
-
-    Each grade gets `timeout_seconds`; one that overruns is False, and its worker is killed (stopping
-    even a C-level big-integer operation) and replaced. Where no worker process can be started,
-    grading falls back to this process.
-    """
+    """`is_correct` for each `(completion_text, gold)` pair, in one round trip to a killable worker."""
     pending = [(text if isinstance(text, str) else "", gold) for text, gold in pairs]
     return [bool(r) for r in grade_in_workers(_POOL, pending, timeout_seconds, overrun=False,
                                               here=lambda pair: _grade_here(*pair, timeout_seconds))]
 
 
 def is_correct(completion_text: str, gold, timeout_seconds: float = GRADE_TIMEOUT_S) -> bool:
-    """Whether the completion's final answer equals `gold` (a string or a number, or alternatives as in
-    `gold_alternatives`) according to math-verify.
+    """Whether the completion's final answer equals `gold` (string, number or alternatives) by math-verify.
 
-    Never raises: unparseable input, timeouts and anything unexpected grade as False, within
-    `timeout_seconds` whatever the thread.
+    Never raises: unparseable input, timeouts and anything unexpected grade as False.
     """
     return grade_batch([(completion_text, gold)], timeout_seconds)[0]

@@ -1,10 +1,7 @@
-"""`math:<dataset>`: a registered math dataset (`math:toy-arith`, `math:math-500`, `math:aime25`, ...) as a task,
-so that it can sit in a task mix beside the other families. Its rows are the dataset's own (the same prompts
-and golds as `dataset: <name>`), and a completion is graded by math-verify (`math_grader`) exactly as the
-`math_accuracy` reward grades it: 1 when the final answer equals the gold, else 0.
+"""`math:<dataset>`: a registered math dataset (`math:toy-arith`, `math:math-500`, ...) as a task.
 
-The train split is the dataset's default split (toy-arith's is generated from the seed, `size` rows); the test
-split is its held-out split (toy-arith's shipped test file), `size` rows of it chosen by the seed.
+Its rows are the dataset's own, graded by math-verify as the `math_accuracy` reward grades them. Train is
+the dataset's default split, test its held-out split (`size` rows chosen by the seed).
 """
 
 from __future__ import annotations

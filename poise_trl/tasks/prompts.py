@@ -1,11 +1,8 @@
-"""Math prompt datasets for RL: a registry of math sets, plus loaders for local files and hub ids
-(`load_math_dataset`; `tasks.load_prompt_dataset` loads any dataset, task families included).
+"""Math prompt datasets for RL: a registry of math sets, loaders for files and hub ids (`load_math_dataset`).
 
 Every loader returns a `datasets.Dataset` with TRL's conversational `prompt` column, a string `answer`
-column (the gold the math reward grades against) and the source's metadata columns. Many public file
-schemas are read (tests/test_eval_schemas.py); rows without a usable question or answer are skipped with
-one warning line, and multiple-choice sets are refused. The registry's hub ids and their schemas:
-docs/recipes.md ("Datasets").
+column and the source's metadata columns. Rows without a usable question or answer are skipped with one
+warning line; multiple-choice sets are refused. The registry: docs/recipes.md ("Datasets").
 """
 
 
@@ -385,10 +382,11 @@ def _solution_answer(value) -> str | None:
 
 
 def _gold(row, columns: _Columns) -> str | None:
-    """The row's normalised gold answer. The elements of a list are normalised one by one: they are
-    alternatives, any one of them right (DeepScaleR's minerva file: `"answer": ["353", "352"]`), kept as
-    `rewards.join_alternatives` writes them; unless the row marks them as the parts of one answer
-    (OlympiadBench's `is_multiple_answer`), when they are joined with `, `, which the grader reads as a tuple."""
+    """The row's normalised gold answer; a list holds alternatives (`rewards.join_alternatives`).
+
+    Unless the row marks its elements as parts of one answer (OlympiadBench's `is_multiple_answer`): joined
+    with `, `, which the grader reads as a tuple.
+    """
     value = _value(row, columns.answer) if columns.answer else None
     texts = [_answer_text(item) for item in (value if isinstance(value, (list, tuple)) else [value])]
     if not any(texts) and columns.solution:
@@ -452,17 +450,11 @@ def load_math_dataset(
 ) -> datasets.Dataset:
     """Load math dataset `source` as prompt/answer pairs for RL.
 
-    `source` is a registered name (see DATASETS), a local .json/.jsonl/.parquet/.csv file, a folder holding
-    such files or written by `datasets.save_to_disk`, or a hub dataset id (with `config`). `split` picks a
-    registered, hub, save_to_disk or folder split (default: the dataset's own default, else a hub dataset's
-    only or train split). `columns` maps "question"/"answer" to column names (any case; dotted names for
-    nested fields; `body+question` joins columns into one problem) and overrides detection. The user
-    message is the question plus "\\n" + `prompt_suffix`, after an optional system message; a question that
-    is already a chat is kept as it is. Unusable rows are skipped with a warning. `limit` keeps a random
-    `limit` usable rows chosen by `seed`, in their original order; for a generated split (toy-arith train)
-    `seed` seeds the generator and `limit` is the number of rows generated. Golds pass through
-    `tasks.math_grader.normalize_gold_answer`. `column_option` is how errors tell the user to name a column, with
-    `{role}` for question or answer (`poise bench` passes `--{role}-column COLUMN`).
+    `source`: a registered name (DATASETS), a local .json/.jsonl/.parquet/.csv file, a folder, or a hub id
+    (with `config`). `columns` maps "question"/"answer" to column names (dotted for nested fields,
+    `body+question` joins columns) and overrides detection. The user message is the question plus "\\n" +
+    `prompt_suffix`. `limit` keeps a random `limit` usable rows chosen by `seed`, in order (for a generated
+    split, the number generated). `column_option` is how errors name a column option, with `{role}`.
     """
     clean = None
     if str(source) in DATASETS:

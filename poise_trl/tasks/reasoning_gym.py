@@ -1,9 +1,7 @@
 """`reasoning-gym:<generator>`: reasoning-gym's procedural generators, graded by their own verifiers.
 
-A split's rows are exactly `reasoning_gym.create_dataset(name, size=size, seed=seed, **config)` (the test
-split from seed + TEST_SEED_OFFSET, questions of the train split dropped), with one of reasoning-gym's
-`SYSTEM_PROMPTS` as the system message. The reward is the generator's own `score_answer` on the
-`<answer>` text, clipped to [0, 1]. Details: docs/tasks.md ("reasoning-gym").
+Rows are `reasoning_gym.create_dataset(name, size=size, seed=seed, **config)` (test: another seed, train
+questions dropped); reward: the generator's `score_answer` on the `<answer>` text. Details: docs/tasks.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Reward functions: the registry a recipe's `rewards:` names (`math_accuracy`, `format`, `task`), the user's
-own by import path (`package.module:function`), and the check that runs each one on a dry batch before
-training, so that a broken one stops the run with one line, not at step 1.
+own by import path (`package.module:function`), and a dry-batch check of each before training.
 
-The reward functions follow TRL's signature, `f(completions, **dataset_columns) -> list[float]`, and are
-named so that TRL logs them as `rewards/<function name>`. Grading itself lives with the tasks:
-`tasks/math_grader.py` (math-verify, in killable worker processes) and each task family's verifier.
+They follow TRL's signature, `f(completions, **dataset_columns) -> list[float]`, logged as
+`rewards/<function name>`. Grading lives with the tasks (`tasks/math_grader.py`, each family's verifier).
 """
 
 from __future__ import annotations
@@ -118,12 +116,11 @@ def _problem(output, rows: int) -> str | None:
 
 
 def check_reward_functions(funcs: Sequence, dataset, tokenizer, names: Sequence[str] | None = None) -> None:
-    """Call each reward function once on the first DRY_BATCH_ROWS rows of `dataset`, with made-up
-    completions (`dry_completion`), as TRL's GRPOTrainer calls it: `prompts`, `completions` (messages for a
-    conversational dataset), `completion_ids`, every other column as a keyword, `trainer_state`,
-    `log_extra` and `log_metric`. One that raises or returns anything but a list of one number (or None)
-    per completion is a RewardFunctionError naming it (`names`, the recipe's spelling, else `__name__`).
-    Reward models (torch modules) are left to TRL."""
+    """Call each reward function once on DRY_BATCH_ROWS rows with made-up completions, as TRL calls it.
+
+    One that raises or returns anything but one number (or None) per completion is a RewardFunctionError
+    naming it (`names`, the recipe's spelling, else `__name__`). Reward models are left to TRL.
+    """
     from torch import nn
     from transformers import TrainerState
 

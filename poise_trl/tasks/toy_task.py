@@ -1,12 +1,8 @@
-"""`toy-arith`: a verifiable arithmetic task with graded difficulty, for the tiny-model world.
+"""`toy-arith`: integer additions in words with graded difficulty (level = digits per operand, 1-4).
 
-Questions are integer additions written in words; the difficulty level is the number of
-digits of each operand (level 1: one digit ... level 4: four digits). `toy-arith-spread`
-adds levels 5 and 6, which the tiny model was never taught and never solves: prompts that
-differ in difficulty as much as a real math set's do, so a value of the prompt has
-something to explain. The worked solution
-adds column by column from the right with an explicit carry, which is what the tiny model
-is taught to write inside `<think>...</think>` before `\\boxed{answer}`.
+`toy-arith-spread` adds levels 5 and 6, which the tiny model never solves, so prompt difficulty varies as
+much as in a real math set. The worked solution adds column by column with an explicit carry inside
+`<think>...</think>` before `\\boxed{answer}`.
 """
 
 from __future__ import annotations
@@ -47,12 +43,10 @@ def generate_spread_problems(n: int, seed: int) -> list[dict]:
 
 
 def worked_solution(a: int, b: int, slip_rate: float = 0.0, rng: random.Random | None = None) -> tuple[str, int]:
-    """The scratchpad, one line per column right to left (`x+y+carry=s`), then the sum it implies.
+    """The scratchpad, one line per column right to left (`x+y+carry=s`), and the answer it arrives at.
 
-    With probability `slip_rate` a column's sum is off by one, and everything after it follows
-    from the slip, as a careless student's work would. A model taught on such solutions makes
-    slips of its own when sampled, more often on longer sums: the errors RL is there to remove.
-    Returns (scratchpad, the answer the scratchpad arrives at).
+    With probability `slip_rate` a column is off by one and the rest follows from the slip, so a model taught
+    on it makes the slips RL is there to remove.
     """
     xs, ys = str(a)[::-1], str(b)[::-1]
     lines, digits, carry = [], [], 0

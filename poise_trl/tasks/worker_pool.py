@@ -1,10 +1,9 @@
-"""Grading in persistent worker processes that can be killed: a verifier stuck in one long C-level operation
-(a big-integer evaluation in sympy) cannot be interrupted inside a thread, but its process can.
+"""Grading in persistent worker processes that can be killed: a verifier stuck in one C-level operation
+cannot be interrupted inside a thread, but its process can.
 
 A `WorkerPool` serves one grading function (`module:function`, called as `function(item, timeout_seconds)`);
-an item that overruns its timeout gets the `overrun` result and its worker is replaced. Without worker
-processes, items are graded here. Workers are fresh interpreters (`python -c`), not multiprocessing, whose
-spawn would re-run a caller's main script that has no `__main__` guard.
+an overrunning item gets the `overrun` result and its worker is replaced. Workers are fresh interpreters
+(`python -c`): multiprocessing's spawn would re-run a caller's main script that has no `__main__` guard.
 """
 
 from __future__ import annotations
@@ -96,12 +95,11 @@ def _kill_workers() -> None:
 
 
 class WorkerPool:
-    """Idle workers of one grading function; a caller takes one (or starts one) so that threads never wait
-    on each other's grades. One spare worker is kept starting in the background, so that a killed worker's
-    replacement is ready at once instead of after an interpreter start (about a second of CPU).
+    """Idle workers of one grading function; a caller takes (or starts) one: threads never wait on each other.
 
-    `warm_up` items (with their timeouts) must be plain literals: they are written into the worker's
-    command line."""
+    One spare is kept starting, so a killed worker's replacement is ready at once. `warm_up` items must be
+    plain literals: they are written into the worker's command line.
+    """
 
     def __init__(self, target: str, warm_up: Sequence = ()):
         self.target = target

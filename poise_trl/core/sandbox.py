@@ -1,12 +1,9 @@
 """Run model-written Python where it can reach neither the host nor its own reward (docs/sandbox.md).
 
-The program runs in a fresh process session: bubblewrap ("bwrap") or util-linux `unshare` give it its own
-user, pid, network, IPC and mount namespaces, no capabilities, no nested user namespaces, an empty
-environment, read-only /usr and the interpreter's folders and two small tmpfs; "none" isolates nothing
-and is refused unless asked for. Memory, processes and CPU are bounded for the whole sandbox (processes x
-per-process address space = `memory_mb`); as root each sandbox runs as its own uid from SANDBOX_UIDS.
-`judge` keeps the judge outside: the sandboxed process only loads the code and answers calls with plain
-data (`encode_plain`), and the trusted `check` runs here on the decoded values.
+bubblewrap ("bwrap") or `unshare` give the program its own user, pid, network, IPC and mount namespaces, no
+capabilities, an empty environment and a read-only view of the interpreter; "none" isolates nothing and is
+refused unless asked for. Memory, processes and CPU are bounded per sandbox. `judge` keeps the judge
+outside: the sandbox only answers calls with plain data, and the trusted `check` runs here.
 """
 
 from __future__ import annotations
@@ -664,10 +661,10 @@ def run_many(sources: list[str], limits: Limits = Limits(), workers: int | None 
 
 def judge_many(jobs: list[tuple[str, str, Callable]], limits: Limits = Limits(), workers: int | None = None,
                mode: str = "auto") -> list[str]:
-    """A verdict (VERDICTS) per (source, entry_point, check): `source` is loaded in the sandbox and
-    `check(candidate)` runs here, where `candidate(*args)` sends plain-data arguments to the sandboxed
-    `entry_point` and returns its decoded plain value. "passed" only when `check` returns and every call
-    gave a value; each job's sandbox lives limits.timeout_s at most."""
+    """A verdict (VERDICTS) per (source, entry_point, check): `check` runs here, each call sandboxed.
+
+    "passed" only when `check` returns and every call gave a value; a sandbox lives limits.timeout_s at most.
+    """
     isolation = resolve_mode(mode)
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         return list(pool.map(lambda job: _judge(*job, limits, isolation), jobs))

@@ -1,8 +1,7 @@
 """The algorithms: recipe `algo` name -> config class, trainer class and how to name it.
 
-Each trainer module registers its algorithms beside its code (`register_algorithm`, at the bottom of the
-module); the line that registers a new module is its name in `TRAINER_MODULES`. An algorithm's defining
-settings (what makes DAPO DAPO) are its config class's field defaults; a recipe may override any of them.
+Each trainer module registers its algorithms at its bottom (`register_algorithm`) and is listed in
+`TRAINER_MODULES`; an algorithm's defining settings are its config's field defaults.
 """
 
 from __future__ import annotations

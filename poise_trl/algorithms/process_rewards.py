@@ -95,10 +95,7 @@ def thin_boundaries(boundaries: list[int], max_count: int) -> list[int]:
 def process_rewards_from_values(
     values: list[list[float]], boundaries: list[list[int]], width: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Marginal utilities at episode ends: ((B, width) rewards, (B, width) 0/1 mask).
-
-    values[i] = [V(0), V(b_1), ..., V(b_n)]; U_k = V(b_k) - V(b_{k-1}) lands on token b_k - 1.
-    """
+    """Marginal utilities U_k = V(b_k) - V(b_{k-1}) on token b_k - 1: ((B, width) rewards, 0/1 mask)."""
     rewards = torch.zeros(len(values), width)
     mask = torch.zeros(len(values), width)
     for row, (vals, bounds) in enumerate(zip(values, boundaries, strict=True)):
@@ -114,10 +111,7 @@ def process_rewards_from_values(
 def answer_logprob_means(
     model, sequences: list[list[int]], answer_lengths: list[int], pad_token_id: int, batch_size: int
 ) -> torch.Tensor:
-    """Mean log-probability of the last `answer_lengths[i]` tokens of each sequence, (N,).
-
-    Sorted by length, left-padded in chunks with explicit position ids; only the answer positions' logits.
-    """
+    """Mean log-probability of the last `answer_lengths[i]` tokens of each sequence, (N,), batched by length."""
     device = next(model.parameters()).device
     out = torch.empty(len(sequences))
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))

@@ -23,10 +23,7 @@ def model_id(model: str) -> str:
 
 
 def evalscope_report(name: str, entry: dict, model: str) -> dict:
-    """One benchmark's results as an EvalScope report (`reports/<model>/<dataset>.json`, v1 layout).
-
-    `mean_acc` (the primary metric) is Avg@n; maj@n and pass@k (k > 1) follow, one category and subset each.
-    """
+    """One benchmark's results as an EvalScope v1 report: `mean_acc` (Avg@n), then maj@n and pass@k."""
     metrics = entry["metrics"]
     n, count = metrics["num_samples"], metrics["num_problems"]
     passes = [key for key in metrics["scores"] if key.startswith("pass@") and key != "pass@1"]  # pass@1 is Avg@n
@@ -164,10 +161,7 @@ def load_summary(folder: str | Path) -> dict:
 
 
 def compare_results(folder_a: str | Path, folder_b: str | Path) -> tuple[list[dict], list[str]]:
-    """Side by side scores of two bench folders, and notes naming the settings that differ.
-
-    Rows {benchmark, score, a, b, diff (b - a), se_diff, significant}: |diff| > 2 sqrt(se_a^2 + se_b^2).
-    """
+    """Side by side scores of two bench folders, `significant` when |diff| > 2 se_diff; notes on differences."""
     a, b = load_summary(folder_a), load_summary(folder_b)
     tables = [(name, a["benchmarks"][name]["metrics"], b["benchmarks"][name]["metrics"])
               for name in a["benchmarks"] if name in b["benchmarks"]]

@@ -17,11 +17,7 @@ from poise_trl.tasks.math_grader import extract_final_answer
 
 
 def grade_batch(texts: list[str], rows: list[dict]) -> list[dict]:
-    """What bench stores per completion of a batch: `reward` in [0, 1], `correct` (reward 1), vote answer.
-
-    Each row's own verifier (`tasks.row_verifiers`): math in one round trip to the grading worker, code in one
-    sandbox pool.
-    """
+    """What bench stores per completion of a batch: `reward` in [0, 1], `correct` (reward 1), vote answer."""
     tasks, verifiers = row_verifiers(rows)
     rewards = score_rows(texts, tasks, verifiers)
     return [{"reward": reward, "correct": reward >= 1.0, "answer": voted_answer(task, text)}
@@ -92,10 +88,7 @@ def reward_of(record: dict) -> float:
 
 def compute_metrics(records: dict[tuple[int, int], dict], num_problems: int, num_samples: int,
                     voting: bool = True, problems: list[int] | None = None) -> dict:
-    """Avg@n, maj@n (when `voting`) and unbiased pass@k over problems, each with its standard error.
-
-    Also mean response length and the fraction cut off by the budget; `problems` restricts the scores.
-    """
+    """Avg@n, maj@n (`voting`), unbiased pass@k with standard errors, mean length and truncated share."""
     problems = list(range(num_problems)) if problems is None else problems
     by_problem: dict[int, list[dict]] = {i: [] for i in problems}
     for (problem, _), record in records.items():

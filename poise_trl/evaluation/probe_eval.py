@@ -225,10 +225,7 @@ def _hash(payload) -> str:
 
 
 def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, progress=None) -> list[dict]:
-    """Sample and grade n rollouts per prompt: one record per prompt with its token ids and rollouts.
-
-    Completion ids are the generated ones (EOS included), prompt ids as `sample_transformers` encodes them.
-    """
+    """Sample and grade n rollouts per prompt: one record per prompt with its token ids and rollouts."""
     prompts, answers = dataset["prompt"], [answer_to_str(a) for a in dataset["answer"]]
     n = settings["n_samples"]
     task = progress.add_task("sampling", total=len(prompts) * n) if progress else None
@@ -297,10 +294,7 @@ def _feature_chunks(lengths: list[int], max_rows: int) -> list[slice]:
 def compute_features(
     policy: Policy, groups: list[dict], layers: list[int], temperature: float, batch_size: int, progress=None
 ) -> dict[int, RolloutFeatures]:
-    """Features of every rollout at every block in `layers`, one forward pass per chunk of rows.
-
-    Prompts left-, completions right-padded (TRL's layout); entropies at the sampling temperature.
-    """
+    """Features of every rollout at every block in `layers`, in TRL's layout and at the sampling temperature."""
     rows = [(g["prompt_ids"], r["completion_ids"]) for g in groups for r in g["rollouts"]]
     pad = policy.tokenizer.pad_token_id
     task = progress.add_task("features", total=len(rows)) if progress else None
@@ -511,10 +505,7 @@ def evaluate_by_task(
     heldout_prompts: list[int], row_predictions: dict[str, torch.Tensor], empirical: torch.Tensor, n: int,
     settings: ProbeEvalSettings,
 ) -> tuple[dict, dict]:
-    """(by_task, transfer): per task, the pooled estimators plus `task_mean` and `probe_task_only`.
-
-    A task too small to score is reported with the reason instead.
-    """
+    """(by_task, transfer): per task, the pooled estimators plus `task_mean` and `probe_task_only`."""
     by_task, analysable = {}, {}
     for task, (train, heldout) in task_sides(prompt_tasks, train_prompts, heldout_prompts).items():
         record = {"train_prompts": len(train), "heldout_prompts": len(heldout),

@@ -72,10 +72,9 @@ class RolloutFeatures:
 
 
 def resolve_layer_index(num_layers: int, layer: int | float) -> int:
-    """0-based decoder block index from an int (negative counts from the end) or a depth fraction.
+    """0-based block index from an int (negative from the end) or a depth fraction f: block ceil(f * L) - 1.
 
-    A fraction f in (0, 1] gives block ceil(f * L) - 1, whose output sits at depth f; f * L is rounded to
-    9 decimals first so that e.g. 0.5 * 36 is exactly 18 despite float error.
+    f * L is rounded to 9 decimals first, so that 0.5 * 36 is exactly 18 despite float error.
     """
     if isinstance(layer, bool) or not isinstance(layer, Real):
         raise TypeError(f"layer must be an int or a float fraction of depth, got {layer!r}")
@@ -155,11 +154,7 @@ def last_think_end(
 def span_masks(
     completion_ids: torch.Tensor, completion_mask: torch.Tensor, think_end_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(completion, reasoning, answer) bool masks of shape (B, T).
-
-    Split at the last `</think>` (in the completion only); without one the whole completion is reasoning
-    and the answer span is empty.
-    """
+    """(completion, reasoning, answer) bool masks (B, T), split at the last `</think>` (none: no answer span)."""
     valid = completion_mask.bool()
     end = last_think_end(completion_ids, completion_mask, think_end_id)[:, None]
     pos = torch.arange(completion_ids.shape[1], device=completion_ids.device)[None, :]
@@ -210,10 +205,7 @@ def pooling_positions(
     think_end_id: int,
     n_pool: int = 10,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where to pool in the concatenated (B, P + T) sequence, per docs/algorithms.md, "Features z".
-
-    Returns (prompt_index, prompt_valid, response_index, response_valid), each (B, <=n_pool).
-    """
+    """(prompt_index, prompt_valid, response_index, response_valid), each (B, <=n_pool): where to pool."""
     P = prompt_mask.shape[1]
     prompt_index, prompt_valid = _last_n(prompt_mask.bool(), n_pool)
     valid = completion_mask.bool()
@@ -368,11 +360,7 @@ PENDING_LOGITS_ELEMENTS = 1 << 17
 
 
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Full-vocabulary entropy (nats, float32) of softmax(logits / temperature) over the last dim.
-
-    Chunked (at most `ENTROPY_CHUNK_ELEMENTS` per float32 temporary) so the step's peak memory does not hold
-    several copies of the (B, T, vocabulary) logits.
-    """
+    """Entropy (nats, float32) of softmax(logits / temperature) over the last dim, in bounded chunks."""
     flat = logits.reshape(-1, logits.shape[-1])
     rows = max(1, ENTROPY_CHUNK_ELEMENTS // max(1, flat.shape[1]))
     if flat.shape[0] <= rows:
@@ -401,11 +389,7 @@ def extract_features(
     temperature: float = 1.0,
     n_pool: int = 10,
 ) -> dict[int, RolloutFeatures]:
-    """Features of B rollouts at every requested layer from ONE chunked no-grad forward pass.
-
-    Returns {resolved block index: RolloutFeatures}. Runs in eval mode with `use_cache=False` on TRL's inputs
-    (ids and attention mask) and restores the model's mode afterwards.
-    """
+    """{block index: RolloutFeatures} of B rollouts from ONE chunked no-grad pass (eval mode, restored after)."""
     layer_list = [layers] if isinstance(layers, Real) else list(layers)
     device = next(model.parameters()).device
     T = completion_ids.shape[1]
@@ -449,11 +433,7 @@ def extract_prompt_vectors(
     batch_size: int,
     n_pool: int = 10,
 ) -> torch.Tensor:
-    """Prompt vectors (B, d) float32 CPU from a prefill-only no-grad pass over the prompts.
-
-    Attention is causal, so these are the prompt vectors the rollout pass would produce (up to rounding
-    from a different left padding). The model's train/eval mode is left as it is, as in TRL's passes.
-    """
+    """Prompt vectors (B, d) float32 CPU from a prefill-only no-grad pass (attention is causal: as in rollout)."""
     device = next(model.parameters()).device
     empty = prompt_ids.new_zeros(prompt_ids.shape[0], 0)
     with torch.no_grad(), HiddenStateCapture(model, [layer], n_pool) as cap:

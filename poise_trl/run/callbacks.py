@@ -80,10 +80,7 @@ class HeldOutEvalCallback(TrainerCallback):
         return self.budget is not None and self.spent(self.budget.unit) >= self.budget.amount
 
     def _evaluates_here(self, state) -> bool:
-        """The main process evaluates; with sharded weights generating on the policy, every process does.
-
-        Every forward then gathers the shards, a collective; the seeded results are identical everywhere.
-        """
+        """The main process evaluates; every process does when sharded weights generate (a collective)."""
         if state.is_world_process_zero:
             return True
         trainer = self.trainer
@@ -109,10 +106,7 @@ class HeldOutEvalCallback(TrainerCallback):
         self.history.append(result)
 
     def _push_weights_to_engine(self, state) -> None:
-        """Before an evaluation point, on EVERY process: give the colocated engine this step's weights.
-
-        The same step check as TRL's, so neither pushes twice; under FSDP / ZeRO-3 the push is a collective.
-        """
+        """On EVERY process before an evaluation: give the colocated engine this step's weights, once."""
         trainer = self.trainer
         if colocated_vllm(trainer) is not None and trainer._last_loaded_step != state.global_step:
             trainer.vllm_generation.sync_weights()

@@ -24,10 +24,7 @@ from poise_trl.run.run_folder import clear_run_folder, rerun_outcome
 
 
 def save_full_model(trainer, folder: Path) -> None:
-    """The whole model, loadable with from_pretrained, on every launch; every process must call it.
-
-    Under FSDP with sharded checkpoints the plugin is switched to a full state dict for this one save.
-    """
+    """The whole model, loadable with from_pretrained, also under sharded FSDP; every process must call it."""
     plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
     previous = plugin.state_dict_type if plugin is not None else None
     if plugin is not None and "FULL_STATE_DICT" not in str(previous):

@@ -146,9 +146,7 @@ class AsyPPOConfig(GRPOConfig):
 
 @dataclass
 class PPOConfig(AsyPPOConfig):
-    """Plain PPO as the VAPO paper's baseline describes it: one critic the size of the actor, GAE with
-    lambda 0.95 for both the policy and the critic, gamma 1, sample-level loss, clip 0.2. TRL
-    needs num_generations >= 2, so PPO samples each prompt twice (the VAPO paper samples once)."""
+    """Plain PPO as VAPO's baseline describes it (docs/algorithms.md), each prompt sampled twice for TRL."""
 
     num_critics: int = field(default=1, metadata={"help": "One critic."})
     adv_mask_fraction: float = field(default=0.0, metadata={"help": "No disagreement mask (one critic)."})
@@ -161,9 +159,7 @@ class PPOConfig(AsyPPOConfig):
 
 @dataclass
 class VAPOConfig(PPOConfig):
-    """VAPO (arXiv 2504.05118, training details): PPO plus value warm-up (50 steps), decoupled GAE
-    (lambda_critic 1), length-adaptive lambda_policy (alpha 0.05), clip-higher 0.2/0.28,
-    token-level loss, positive-example LM loss (mu 0.1), group sampling (16 per prompt)."""
+    """VAPO (arXiv 2504.05118, training details): PPO plus VAPO's changes (docs/algorithms.md)."""
 
     lambda_critic: float = field(default=1.0, metadata={"help": "Decoupled GAE: lambda 1 for the critic."})
     length_adaptive_alpha: float | None = field(default=0.05, metadata={"help": "Length-adaptive GAE alpha."})

@@ -58,9 +58,7 @@ SELECTION_STATE_FILE = "poise_selection.json"
 
 @dataclass
 class POISEConfig(GRPOConfig):
-    """GRPOConfig plus the POISE probe. Defaults for the RL part follow the reference run
-    (docs/algorithms.md, "RL settings of the reference run"): 2 rollouts per prompt, clip 0.2/0.28,
-    token-mean loss, no KL."""
+    """GRPOConfig plus the POISE probe; RL defaults follow the reference run (docs/algorithms.md)."""
 
     num_generations: int | None = field(default=2, metadata={"help": "Rollouts per prompt (POISE's pair)."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range."})
@@ -478,9 +476,10 @@ PROBE_HISTORY_FILE = "probe_history.json"
 
 
 class ProbeReport(RunCallback):
-    """At the end of training, `probe_report.json` (online probe metrics per round, probe config, final
-    counters) and `probe_values.png` (predicted vs realized value). The per-round history goes into
-    every checkpoint and comes back on resume, so the report of a resumed run covers all its rounds."""
+    """At the end of training: `probe_report.json` (per-round metrics, config, counters), `probe_values.png`.
+
+    The history is checkpointed, so a resumed run's report covers all its rounds.
+    """
 
     report: dict | None = None
 

@@ -111,7 +111,7 @@ def process_rewards_from_values(
 def answer_logprob_means(
     model, sequences: list[list[int]], answer_lengths: list[int], pad_token_id: int, batch_size: int
 ) -> torch.Tensor:
-    """Mean log-probability of the last `answer_lengths[i]` tokens of each sequence, (N,), batched by length."""
+    """Mean log-probability of the last `answer_lengths[i]` tokens of each sequence, (N,)."""
     device = next(model.parameters()).device
     out = torch.empty(len(sequences))
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))

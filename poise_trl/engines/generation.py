@@ -110,11 +110,7 @@ def resolve_engine(requested: str = "auto") -> str:
 
 
 def prepare_vllm_environment() -> None:
-    """Settings a CPU-only vLLM needs before it is imported; a user's own values win.
-
-    VLLM_CPU_CI_ENV=1 runs eagerly (inductor costs minutes per start): the only switch for TRL's colocated
-    engine, which takes no `enforce_eager`.
-    """
+    """Settings a CPU-only vLLM needs before its import (user values win): eager, as TRL can't ask."""
     if torch.cuda.is_available():
         return
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KVCACHE_GIB))
@@ -122,10 +118,7 @@ def prepare_vllm_environment() -> None:
 
 
 def keep_cpu_engine_weights_reloadable() -> None:
-    """Colocate training on a CPU: keep each linear weight in place, not vLLM's oneDNN-packed copy.
-
-    TRL's weight sync cannot update the packed copy (its parameter has no `weight_loader`). No-op on a GPU.
-    """
+    """Colocated CPU training: keep linear weights in place (not oneDNN-packed) for TRL's weight sync."""
     if torch.cuda.is_available():
         return
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod

@@ -120,11 +120,7 @@ def block_seed(seed: int, block_size: int, problem: int, block: int) -> int:
 
 
 def generate_missing(engine: Engine, dataset, settings: dict, done: set, batch_size: int, on_samples) -> None:
-    """Generate the samples not in `done` and pass them to `on_samples(list of (problem, sample, Sample))`.
-
-    A block (transformers) or problem (vLLM) with anything missing is regenerated whole with the same seed,
-    and only the missing samples are kept.
-    """
+    """Generate the samples not in `done` (seeded blocks regenerated whole) and pass them to `on_samples`."""
     n = settings["num_samples"]
     sampling = dict(temperature=settings["temperature"], top_p=settings["top_p"],
                     max_new_tokens=settings["max_new_tokens"])

@@ -161,7 +161,7 @@ def load_summary(folder: str | Path) -> dict:
 
 
 def compare_results(folder_a: str | Path, folder_b: str | Path) -> tuple[list[dict], list[str]]:
-    """Side by side scores of two bench folders, `significant` when |diff| > 2 se_diff; notes on differences."""
+    """Side by side scores of two bench folders, `significant`: |diff| > 2 se_diff; notes on differences."""
     a, b = load_summary(folder_a), load_summary(folder_b)
     tables = [(name, a["benchmarks"][name]["metrics"], b["benchmarks"][name]["metrics"])
               for name in a["benchmarks"] if name in b["benchmarks"]]

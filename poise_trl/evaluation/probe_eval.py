@@ -294,7 +294,7 @@ def _feature_chunks(lengths: list[int], max_rows: int) -> list[slice]:
 def compute_features(
     policy: Policy, groups: list[dict], layers: list[int], temperature: float, batch_size: int, progress=None
 ) -> dict[int, RolloutFeatures]:
-    """Features of every rollout at every block in `layers`, in TRL's layout and at the sampling temperature."""
+    """Features of every rollout at every block in `layers`, at the sampling temperature."""
     rows = [(g["prompt_ids"], r["completion_ids"]) for g in groups for r in g["rollouts"]]
     pad = policy.tokenizer.pad_token_id
     task = progress.add_task("features", total=len(rows)) if progress else None

@@ -45,8 +45,7 @@ def _orient_and_trim(
 ) -> torch.Tensor:
     """Deterministic signs (largest-|loading| entry positive); components beyond the numerical rank set to 0.
 
-    Their projections are rounding noise that standardization would blow up. `eigvals` ascending, `comps`
-    (k, d) descending; `rounding`: relative variance of rounding noise in the scatter's precision.
+    Their projections are rounding noise that standardization would blow up; `eigvals` ascending.
     """
     variances = eigvals.flip(0)[: comps.shape[0]]
     # sum of x^2 over the rows (the Ritz values only bound it from below, which is enough here)
@@ -643,11 +642,7 @@ def _versions() -> dict[str, str]:
 def probe_metrics(
     predictions: torch.Tensor, targets: torch.Tensor, rewards: torch.Tensor, baselines: torch.Tensor
 ) -> dict[str, float]:
-    """Out-of-sample quality of the probe on one batch of (B,) tensors, before the refit.
-
-    Population variances; undefined quantities (constant sides, empty batch) are NaN, never an exception.
-    Pairwise sign accuracy counts tied predictions on a pair with distinct targets as wrong.
-    """
+    """Out-of-sample quality of the probe on one batch of (B,) tensors, before the refit; undefined -> NaN."""
     p, t, r, b = (x.detach().to("cpu", _F64).flatten() for x in (predictions, targets, rewards, baselines))
     nan = float("nan")
     if p.numel() == 0:

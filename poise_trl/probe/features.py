@@ -154,7 +154,7 @@ def last_think_end(
 def span_masks(
     completion_ids: torch.Tensor, completion_mask: torch.Tensor, think_end_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(completion, reasoning, answer) bool masks (B, T), split at the last `</think>` (none: no answer span)."""
+    """(completion, reasoning, answer) bool masks (B, T), split at the last `</think>`."""
     valid = completion_mask.bool()
     end = last_think_end(completion_ids, completion_mask, think_end_id)[:, None]
     pos = torch.arange(completion_ids.shape[1], device=completion_ids.device)[None, :]
@@ -389,7 +389,7 @@ def extract_features(
     temperature: float = 1.0,
     n_pool: int = 10,
 ) -> dict[int, RolloutFeatures]:
-    """{block index: RolloutFeatures} of B rollouts from ONE chunked no-grad pass (eval mode, restored after)."""
+    """{block index: RolloutFeatures} of B rollouts from ONE chunked no-grad pass in eval mode."""
     layer_list = [layers] if isinstance(layers, Real) else list(layers)
     device = next(model.parameters()).device
     T = completion_ids.shape[1]
@@ -433,7 +433,7 @@ def extract_prompt_vectors(
     batch_size: int,
     n_pool: int = 10,
 ) -> torch.Tensor:
-    """Prompt vectors (B, d) float32 CPU from a prefill-only no-grad pass (attention is causal: as in rollout)."""
+    """Prompt vectors (B, d) float32 CPU from a prefill-only no-grad pass (causal: as in rollout)."""
     device = next(model.parameters()).device
     empty = prompt_ids.new_zeros(prompt_ids.shape[0], 0)
     with torch.no_grad(), HiddenStateCapture(model, [layer], n_pool) as cap:

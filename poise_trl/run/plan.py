@@ -220,8 +220,7 @@ def layer_activation_bytes(shape: ModelShape, tokens: int, compute: int, residua
 
 def lm_head_bytes(shape: ModelShape, tokens: int, compute: int, residual: int, device: str = "cuda",
                   weight_grad: bool = True) -> int:
-    """TRL's fused LM head (trl.kernels.chunked_logprob): hidden states, a 4096 x 32768 logits tile, per-token
-    statistics and outputs; in backward the fp32 grads of the hidden states and (`weight_grad`) of the weight.
+    """TRL's fused LM head (trl.kernels.chunked_logprob): a 4096 x 32768 tile, per-token stats, grads.
 
     Without Triton (the CPU) `_backward_tile` adds 8 fp32 temporaries of the tile's used width and a mask.
     """

@@ -161,9 +161,10 @@ def build_tiny_model(
     progress: bool = True,
     overwrite: bool = False,
 ) -> dict:
-    """Build tokenizer + model, supervise on worked solutions, measure sampled accuracy on the
-    held-out set, and save everything (safetensors) with a model card. Returns the card data.
-    A model already in `output_dir` (the bundled one, by default) is kept unless `overwrite`."""
+    """Build, supervise and evaluate the tiny model; save it (safetensors) with a card, returned.
+
+    A model already in `output_dir` is kept unless `overwrite`.
+    """
     from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
     from poise_trl.tasks import load_prompt_dataset
 
@@ -345,8 +346,7 @@ def build_multitask_model(
 ) -> dict:
     """`build_tiny_model` for the multitask world: the toy-arith model (`base_dir`) taught MULTITASK_TASKS.
 
-    Equal shares at each task's slip rate, toy-arith kept; the card holds held-out accuracy per task. Starting
-    from the toy-arith model keeps the build within minutes on a CPU.
+    Equal shares at each task's slip rate, toy-arith kept; the card holds held-out accuracy per task.
     """
     from datasets import Dataset
 
@@ -466,9 +466,7 @@ def real_shape_config(size: str, layers: int | None = None) -> Qwen3Config:
 
 def build_real_shape_world(output_dir: str | Path, size: str = "0.6b", layers: int | None = None,
                            seed: int = 0, overwrite: bool = False) -> dict:
-    """A random-init `Qwen3ForCausalLM` at Qwen3-`size`'s geometry (`layers` blocks, default all) with Qwen3's
-    tokenizer and chat template, saved (safetensors, float32) with a card: the real cost profile (vocabulary,
-    width, heads) without the real weights. Offline, no training. Returns the card data."""
+    """A random-init Qwen3 at Qwen3-`size`'s geometry with Qwen3's tokenizer, saved with a card (returned)."""
     output_dir = checked_output_dir(output_dir, overwrite)
     config = real_shape_config(size, layers)
     started = time.time()

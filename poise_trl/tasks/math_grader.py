@@ -55,9 +55,9 @@ def gold_alternatives(gold) -> list:
 
 
 def join_alternatives(golds: Sequence[str]) -> str:
-    """Golds of which any one is right, as one `answer` string: the gold itself, a JSON list, or "" for none.
+    """Golds of which any one is right as one `answer` string (the gold, a JSON list, or "" for none).
 
-    A string, because TRL passes columns through as they are and a column of lists would not mix with strings.
+    One string type, because TRL passes columns through as they are and lists would not mix with strings.
     """
     unique = list(dict.fromkeys(golds))
     if len(unique) == 1:
@@ -459,8 +459,5 @@ def grade_batch(pairs: Sequence[tuple[str, object]], timeout_seconds: float = GR
 
 
 def is_correct(completion_text: str, gold, timeout_seconds: float = GRADE_TIMEOUT_S) -> bool:
-    """Whether the completion's final answer equals `gold` (string, number or alternatives) by math-verify.
-
-    Never raises: unparseable input, timeouts and anything unexpected grade as False.
-    """
+    """Whether the completion's final answer equals `gold` by math-verify; any failure grades False."""
     return grade_batch([(completion_text, gold)], timeout_seconds)[0]

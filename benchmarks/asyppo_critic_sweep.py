@@ -125,7 +125,8 @@ def main() -> None:
                         "per_round": per_round})
         print(f"{critic:18s} lr {lr:.0e} epochs {epochs}: " + ", ".join(f"{k} {v:+.3f}" for k, v in summary.items()),
               flush=True)
-    report = {"batches": cli.batches, "rows_per_batch": cli.prompts * cli.generations, "reward_mean": rewards.mean().item(),
+    report = {"batches": cli.batches, "rows_per_batch": cli.prompts * cli.generations,
+              "reward_mean": rewards.mean().item(),
               "between_prompt_variance_share": between.item(), "generation_seconds": round(generation_seconds, 1),
               "torch_threads": torch.get_num_threads(), "results": results, "versions": package_versions()}
     write_json(Path(cli.output), report)

@@ -40,7 +40,8 @@ from poise_trl.run.recipe import (
 
 REPO = Path(__file__).resolve().parents[1]
 # build_run evaluates held-out accuracy at the start and the end of every run: one prompt, one token.
-MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1, "eval_batch_size": 1}
+MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1,
+                "eval_batch_size": 1}
 
 
 def repo_relative(path: str | Path) -> str:
@@ -69,7 +70,8 @@ def run(recipe: dict, steps: int, output_dir: Path, dynamic: bool) -> dict:
     built = build_run(parse_recipe(recipe, str(output_dir)), overwrite=True, trainer_class=TimedDAPOTrainer)
     trainer, args = built.trainer, built.parsed.args
     trainer.train()
-    result = {"dynamic_sampling": dynamic, "steps": steps, "train_seconds": round(built.eval_callback.train_seconds, 2),
+    result = {"dynamic_sampling": dynamic, "steps": steps,
+              "train_seconds": round(built.eval_callback.train_seconds, 2),
               "generation_seconds": round(trainer.generation_seconds, 2)}
     history = trainer.dynamic_sampling_history
     if history:
@@ -82,7 +84,8 @@ def run(recipe: dict, steps: int, output_dir: Path, dynamic: bool) -> dict:
             mean_rounds=round(statistics.mean(rounds), 3),
             rounds_histogram={str(k): v for k, v in sorted(Counter(rounds).items())},
             cap_hits=sum(r == args.max_generation_rounds for r in rounds),
-            first_round_informative_fraction=round(total["first_round_informative"] / (len(history) * history[0]["trained_groups"]), 3),
+            first_round_informative_fraction=round(
+                total["first_round_informative"] / (len(history) * history[0]["trained_groups"]), 3),
             informative_fraction=round(total["informative_groups"] / total["generated_groups"], 3),
             dropped_groups=total["dropped_groups"],
             zero_weight_groups=total["zero_weight_groups"],
@@ -97,7 +100,8 @@ def main() -> None:
     parser.add_argument("--recipe", default=str(REPO / "recipes" / "toy" / "dapo.yaml"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-compare", action="store_true", help="Skip the run without dynamic sampling.")
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "dapo_dynamic_sampling.json")
+    parser.add_argument("--output", type=Path,
+                        default=Path(__file__).parent / "results" / "dapo_dynamic_sampling.json")
     parser.add_argument("--work-dir", default=str(REPO / "runs" / "bench_dapo_dynamic_sampling"))
     cli = parser.parse_args()
 
@@ -120,12 +124,13 @@ def main() -> None:
     print(f"  informative groups: {dynamic['first_round_informative_fraction']:.1%} of a step's first round, "
           f"{dynamic['informative_fraction']:.1%} of all generated")
     print(f"  rounds per step: mean {dynamic['mean_rounds']}, histogram {dynamic['rounds_histogram']}, "
-          f"cap hit {dynamic['cap_hits']}x; groups left out of the loss to keep the batch shape {dynamic['zero_weight_groups']}, "
-          f"zero-variance trained {dynamic['zero_variance_trained']}")
+          f"cap hit {dynamic['cap_hits']}x; groups left out of the loss to keep the batch shape "
+          f"{dynamic['zero_weight_groups']}, zero-variance trained {dynamic['zero_variance_trained']}")
     if "no_dynamic" in report:
-        print(f"  generation time: {dynamic['generation_seconds']} s vs {report['no_dynamic']['generation_seconds']} s "
-              f"without dynamic sampling ({report['generation_time_ratio']}x); whole run {dynamic['train_seconds']} s "
-              f"vs {report['no_dynamic']['train_seconds']} s ({report['train_time_ratio']}x)")
+        plain = report["no_dynamic"]
+        print(f"  generation time: {dynamic['generation_seconds']} s vs {plain['generation_seconds']} s without "
+              f"dynamic sampling ({report['generation_time_ratio']}x); whole run {dynamic['train_seconds']} s vs "
+              f"{plain['train_seconds']} s ({report['train_time_ratio']}x)")
     print(f"  written to {cli.output}")
 
 

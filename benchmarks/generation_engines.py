@@ -113,8 +113,10 @@ def main() -> None:
             engines["vllm"]["samples_per_second"] / engines["transformers"]["samples_per_second"], 2),
         "accuracy_gap": round(gap, 4), "accuracy_gap_in_standard_errors": round(gap / gap_se, 2),
         "colocate": {"poise": poise, "grpo": grpo,
-                     "step_time_ratio_poise_over_grpo": round(poise["mean_step_seconds"] / grpo["mean_step_seconds"], 3),
-                     "forward_passes_equal": poise["policy_forward_passes_per_step"] == grpo["policy_forward_passes_per_step"]},
+                     "step_time_ratio_poise_over_grpo":
+                         round(poise["mean_step_seconds"] / grpo["mean_step_seconds"], 3),
+                     "forward_passes_equal":
+                         poise["policy_forward_passes_per_step"] == grpo["policy_forward_passes_per_step"]},
         "torch_threads": os.environ["OMP_NUM_THREADS"],
         "versions": package_versions(),
     }

@@ -53,7 +53,8 @@ def measure(task: str, steps: int, workdir: Path) -> dict:
               "probe_response_components": 8, "probe_bootstrap_steps": 1, "eval_every": 0, "eval_limit": 1}
     if task != "toy-arith":
         recipe["dataset_size"] = 16 * steps
-    run = build_run(parse_recipe(recipe, str(workdir / task.replace(":", "-"))), overwrite=True, trainer_class=TimedRewardsTrainer)
+    run = build_run(parse_recipe(recipe, str(workdir / task.replace(":", "-"))), overwrite=True,
+                    trainer_class=TimedRewardsTrainer)
     trainer = run.trainer
     trainer.reward_seconds = []
     trainer.train()

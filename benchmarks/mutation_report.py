@@ -89,51 +89,58 @@ _PROMOTES = "the integer/float32 operand is promoted to the other operand's dtyp
 _NAN = 'float("NAN") is float("nan")'
 EQUIVALENT: dict[str, str] = {
     "poise_trl.core.estimators.x_masked_mean__mutmut_12": _PROMOTES,
-    "poise_trl.core.estimators.x_reinforce_pp_global_advantages__mutmut_5": "masked_whiten reads mask.bool(): "
-    "a float mask of ones is the all-true mask",
-    "poise_trl.core.estimators.x_reinforce_pp_global_advantages__mutmut_7": "as mutmut_5: ones_like without a dtype is a "
-    "float mask of ones, read as mask.bool()",
-    "poise_trl.core.estimators.x__disagreement_cut__mutmut_22": "with k = 0 the sort runs but order[:0] selects nothing",
-    "poise_trl.core.estimators.x_high_disagreement_mask__mutmut_4": "lowest=None: `not None` is True, as `not False` is",
+    "poise_trl.core.estimators.x_reinforce_pp_global_advantages__mutmut_5":
+        "masked_whiten reads mask.bool(): a float mask of ones is the all-true mask",
+    "poise_trl.core.estimators.x_reinforce_pp_global_advantages__mutmut_7":
+        "as mutmut_5: ones_like without a dtype is a float mask of ones, read as mask.bool()",
+    "poise_trl.core.estimators.x__disagreement_cut__mutmut_22":
+        "with k = 0 the sort runs but order[:0] selects nothing",
+    "poise_trl.core.estimators.x_high_disagreement_mask__mutmut_4":
+        "lowest=None: `not None` is True, as `not False` is",
     "poise_trl.core.estimators.x_filtered_entropy_bonus__mutmut_14": _PROMOTES,
     "poise_trl.core.estimators.x_cross_fit_values__mutmut_58": 'float("INF") is float("inf")',
-    "poise_trl.core.estimators.x_explained_variance__mutmut_5": "only differs with no valid position, where the variance "
-    "of the empty selection is nan and the result is nan either way",
-    "poise_trl.core.estimators.x_explained_variance__mutmut_9": "as mutmut_5: with no valid position 1 - nan / 1 is nan too",
+    "poise_trl.core.estimators.x_explained_variance__mutmut_5": "only differs with no valid position, where the "
+        "variance of the empty selection is nan and the result is nan either way",
+    "poise_trl.core.estimators.x_explained_variance__mutmut_9":
+        "as mutmut_5: with no valid position 1 - nan / 1 is nan too",
     "poise_trl.core.estimators.x_explained_variance__mutmut_14": _NAN,
     "poise_trl.core.estimators.x_sign_agreement__mutmut_12": _NAN,
     "poise_trl.probe.estimator.x__orient_and_trim__mutmut_23": "dividing by a sign of +-1 is multiplying by it",
-    "poise_trl.probe.estimator.x__orient_and_trim__mutmut_24": "the +-1.0 factors are exact in float32; the product is "
-    "promoted to the components' float64",
-    "poise_trl.probe.estimator.x__orient_and_trim__mutmut_36": "the pivot is the largest |loading| of a unit eigenvector, "
-    "never 0, so < 0 and <= 0 agree",
-    "poise_trl.probe.estimator.xǁLinearValueProbeǁ_inputs__mutmut_3": "RolloutFeatures are float32; subtracting the float64 "
-    "mean (or torch.cat with float64 columns) promotes them exactly",
-    "poise_trl.probe.estimator.xǁLinearValueProbeǁ_inputs__mutmut_16": "as _inputs mutmut_3: torch.cat promotes float32 "
-    "entropies to float64 exactly",
-    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_51": "as _inputs mutmut_3: torch.cat promotes the float32 "
-    "columns to float64 exactly",
-    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_90": "as _inputs mutmut_3: torch.cat promotes the float32 "
-    "entropies to float64 exactly",
-    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_146": "standardized columns sum to 0, so X^T (y + mean y) = "
-    "X^T (y - mean y) = X^T y (up to rounding)",
-    "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_35": "with excess == 0 the first group boundary at or after 0 "
-    "is row 0: nothing is cut",
-    "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_39": "a float `starts` vector has the same nonzero positions "
-    "as the bool one",
+    "poise_trl.probe.estimator.x__orient_and_trim__mutmut_24":
+        "the +-1.0 factors are exact in float32; the product is promoted to the components' float64",
+    "poise_trl.probe.estimator.x__orient_and_trim__mutmut_36":
+        "the pivot is the largest |loading| of a unit eigenvector, never 0, so < 0 and <= 0 agree",
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁ_inputs__mutmut_3": "RolloutFeatures are float32; subtracting the "
+        "float64 mean (or torch.cat with float64 columns) promotes them exactly",
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁ_inputs__mutmut_16":
+        "as _inputs mutmut_3: torch.cat promotes float32 entropies to float64 exactly",
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_51":
+        "as _inputs mutmut_3: torch.cat promotes the float32 columns to float64 exactly",
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_90":
+        "as _inputs mutmut_3: torch.cat promotes the float32 entropies to float64 exactly",
+    "poise_trl.probe.estimator.xǁLinearValueProbeǁfit__mutmut_146":
+        "standardized columns sum to 0, so X^T (y + mean y) = X^T (y - mean y) = X^T y (up to rounding)",
+    "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_35":
+        "with excess == 0 the first group boundary at or after 0 is row 0: nothing is cut",
+    "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_39":
+        "a float `starts` vector has the same nonzero positions as the bool one",
     "poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_41": "as mutmut_39",
     "poise_trl.probe.estimator.xǁProbeEstimatorǁ_predict_with__mutmut_8": _NAN,
-    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_16": "k above the row count: w[:, :k] is capped at width <= rows anyway",
-    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_17": "k above the width: w[:, :k] is capped at width <= d anyway",
-    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_46": "omega[:, :m] = warm.T casts the start vectors into omega's float64",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_16":
+        "k above the row count: w[:, :k] is capped at width <= rows anyway",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_17":
+        "k above the width: w[:, :k] is capped at width <= d anyway",
+    "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_46":
+        "omega[:, :m] = warm.T casts the start vectors into omega's float64",
     "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_48": "as mutmut_46",
-    "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate_from_targets__mutmut_74": "the prompt-only probe would compute the "
-    "identical PCA itself (same rows, components, method and warm start): handing it over only saves the time",
+    "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate_from_targets__mutmut_74":
+        "the prompt-only probe would compute the identical PCA itself (same rows, components, method and warm "
+        "start): handing it over only saves the time",
     "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate_from_targets__mutmut_77": "as mutmut_74",
-    "poise_trl.algorithms.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_58": "the per-token KL passed is all "
-    "zeros (no KL in AsyPPO's reward), so any kl_coef adds -0.0",
+    "poise_trl.algorithms.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_58":
+        "the per-token KL passed is all zeros (no KL in AsyPPO's reward), so any kl_coef adds -0.0",
     "poise_trl.tasks.math_grader.x__boxed_spans__mutmut_19": "searching on from the last content character instead "
-    "of after the closing brace finds the same next box: no `\\boxed{` can start at a `}`",
+        "of after the closing brace finds the same next box: no `\\boxed{` can start at a `}`",
 }
 # Survivors equivalent on a CPU-only machine: `device=None` (or a dropped device argument) is the CPU, where
 # every tensor here lives. They are counted as survivors; a run of the tests on a CUDA device would kill them.
@@ -222,7 +229,8 @@ def parse_results(text: str) -> dict[str, str]:
 
 
 def function_of(mutant: str) -> tuple[str, str]:
-    """`poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_3` -> ("poise_trl.probe.estimator", "GroupBuffer.append")."""
+    """`poise_trl.probe.estimator.xǁGroupBufferǁappend__mutmut_3` -> ("poise_trl.probe.estimator",
+    "GroupBuffer.append")."""
     qualified = mutant.rsplit("__mutmut_", 1)[0]
     module, _, mangled = qualified.rpartition(".")
     if mangled.startswith("xǁ"):

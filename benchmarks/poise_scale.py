@@ -45,7 +45,8 @@ from poise_trl.probe.features import RolloutFeatures
 REFERENCE = (4096, 2560)  # the reference run's buffer rows, Qwen3-4B hidden size
 # build_run evaluates held-out accuracy at the start and the end of every run, outside the timed
 # steps but inside the peak-memory window: one prompt, one token.
-MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1, "eval_batch_size": 1}
+MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1,
+                "eval_batch_size": 1}
 BATCH_ROWS = 512  # 256 prompts x 2 rollouts enter the buffer per step
 
 
@@ -97,8 +98,8 @@ def fit_point(rows: int, d: int, device: str, threads: int, run_exact: bool) -> 
         gap = (fast.predict(test) - exact.predict(test)).abs()
         point.update(exact_seconds=seconds, speedup=seconds / warm,
                      fast_vs_exact_mean_abs=float(gap.mean()), fast_vs_exact_max_abs=float(gap.max()))
-    print(f"  fit {rows:>6} x {d:<5} {device:<4} {threads:>2} thr: fast {warm:7.3f}s (CPU {point['fast_cpu_seconds']:.3f}s, "
-          f"cold {cold:6.2f}s)"
+    print(f"  fit {rows:>6} x {d:<5} {device:<4} {threads:>2} thr: fast {warm:7.3f}s "
+          f"(CPU {point['fast_cpu_seconds']:.3f}s, cold {cold:6.2f}s)"
           + (f"  exact {point['exact_seconds']:7.2f}s  |fast-exact| mean {point['fast_vs_exact_mean_abs']:.4f}"
              if run_exact else ""), flush=True)
     return point
@@ -126,7 +127,8 @@ def fit_sweep(cli) -> dict:
         for rows, d in sizes + [(16384, 5120)]:
             points.append(fit_point(rows, d, "cuda", all_threads, True))
     torch.set_num_threads(all_threads)
-    ref = next((p for p in points if (p["rows"], p["hidden"], p["threads"], p["device"]) == (*REFERENCE, 1, "cpu")), None)
+    ref = next((p for p in points if (p["rows"], p["hidden"], p["threads"], p["device"]) == (*REFERENCE, 1, "cpu")),
+               None)
     return {
         "points": points,
         "reference_one_thread": ref,
@@ -163,7 +165,8 @@ def large_live_tensors(batch: int, length: int, hidden: int) -> list[tuple[int, 
     found = []
     for obj in gc.get_objects():
         try:
-            if torch.is_tensor(obj) and obj.dim() >= 3 and obj.shape[-1] == hidden and obj.numel() >= batch * length * hidden:
+            if (torch.is_tensor(obj) and obj.dim() >= 3 and obj.shape[-1] == hidden
+                    and obj.numel() >= batch * length * hidden):
                 found.append(tuple(obj.shape))
         except Exception:  # noqa: BLE001 - gc hands back half-built objects of every kind
             continue
@@ -276,7 +279,8 @@ def step_point(algo: str, model_dir: Path, hidden: int, batch: int, length: int,
 def step_sweep(cli, workdir: Path) -> list[dict]:
     base = {"hidden": cli.base[0], "layers": cli.base[1], "length": cli.base[2], "batch": cli.base[3]}
     grid = [base]
-    for key, values in (("hidden", cli.widths), ("layers", cli.depths), ("length", cli.lengths), ("batch", cli.batches)):
+    sweeps = (("hidden", cli.widths), ("layers", cli.depths), ("length", cli.lengths), ("batch", cli.batches))
+    for key, values in sweeps:
         grid += [{**base, key: v, "sweep": key} for v in values if v != base[key]]
     # num_iterations=2: TRL runs its own no-grad pass, as with vLLM importance-sampling correction
     # (the GPU recipes), and POISE's features ride on it instead of a pass of their own.
@@ -361,9 +365,11 @@ def plot(payload: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     points = payload["fit"]["points"]
-    for ax, axis, fixed_key, fixed in ((axes[0], "rows", "hidden", REFERENCE[1]), (axes[1], "hidden", "rows", REFERENCE[0])):
+    panels = ((axes[0], "rows", "hidden", REFERENCE[1]), (axes[1], "hidden", "rows", REFERENCE[0]))
+    for ax, axis, fixed_key, fixed in panels:
         for device, threads in sorted({(p["device"], p["threads"]) for p in points}):
-            sel = sorted((p for p in points if p[fixed_key] == fixed and (p["device"], p["threads"]) == (device, threads)),
+            sel = sorted((p for p in points
+                          if p[fixed_key] == fixed and (p["device"], p["threads"]) == (device, threads)),
                          key=lambda p: p[axis])
             label = f"{device} {threads} thr"
             ax.plot([p[axis] for p in sel], [p["fast_seconds"] for p in sel], "o-", label=f"fast, {label}")
@@ -404,7 +410,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 1024, 2560, 5120], help="hidden at 4096 rows")
     parser.add_argument("--exact-max-rows-d2", type=float, default=4096 * 2560**2,
                         help="run the exact fit only where rows x hidden^2 is at most this (default: the reference)")
-    parser.add_argument("--base", type=int, nargs=4, default=[128, 4, 64, 16], metavar=("HIDDEN", "LAYERS", "LEN", "BATCH"))
+    parser.add_argument("--base", type=int, nargs=4, default=[128, 4, 64, 16],
+                        metavar=("HIDDEN", "LAYERS", "LEN", "BATCH"))
     parser.add_argument("--widths", type=int, nargs="*", default=[256, 512])
     parser.add_argument("--depths", type=int, nargs="*", default=[8])
     parser.add_argument("--lengths", type=int, nargs="*", default=[256])

@@ -23,10 +23,11 @@ ratios differ by more than their steps' noise explains, and the paired steps wit
 replicate's own ratio with an interval over its steps, policy forward
 passes per step (poise-trl's counter; none for the plain script), each process's peak resident memory, where
 each arm's measured step time goes (`phase_seconds_per_step`: TRL's `training_step` and within it generation and
-scoring, TRL's generate, the rewards and the loss forward; for POISE also generate with its capture around TRL's, its advantages and the probe's
-predict and refit) and, for POISE, the probe buffer's size.
+scoring, TRL's generate, the rewards and the loss forward; for POISE also generate with its capture around
+TRL's, its advantages and the probe's predict and refit) and, for POISE, the probe buffer's size.
 
-    python benchmarks/step_cost.py [--steps 15] [--replicates 6] [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
+    python benchmarks/step_cost.py [--steps 15] [--replicates 6]
+        [--pairs identical_arms transformers trl_pass vllm_colocate wrapper]
         [--model DIR --prompts 8 --completion-length 256] [--output benchmarks/results/step_cost.json]
 
 `--model` puts another policy in every arm (the real-shape world, `poise toy build --world qwen3-shape`),
@@ -77,7 +78,8 @@ PAIRS = {
 FROZEN = {"learning_rate": 1e-12}
 # Held-out evaluation runs at the start and the end of a poise-trl run, outside the timed steps: make it
 # one prompt and one token. eval_every 0: none during training (the plain script has none).
-MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1, "eval_batch_size": 1}
+MINIMAL_EVAL = {"eval_every": 0, "eval_limit": 1, "eval_num_samples": 1, "eval_max_new_tokens": 1,
+                "eval_batch_size": 1}
 WAIT_LIMIT_SECONDS = 1800  # an arm whose partner died stops waiting for the baton
 
 
@@ -215,7 +217,8 @@ def run_poise_arm(recipe: dict, output_dir: Path, turns: TakeTurns) -> dict:
     summary = train_from_recipe(recipe, str(output_dir), show_progress=True, overwrite=True, callbacks=[turns])
     steps = summary["steps"] - turns.warmup
     result = {"policy_forward_passes_per_step": summary["generation"]["policy_forward_passes_per_step"],
-              "trainer_config": summary["trainer_config"], "num_tokens": last_logged(summary["train_log"], "num_tokens"),
+              "trainer_config": summary["trainer_config"],
+              "num_tokens": last_logged(summary["train_log"], "num_tokens"),
               "phase_seconds_per_step": {name: round(s / steps, 4) for name, s in phases.seconds.items() if s}}
     if "probe_refit" in phases.last_self:
         result["probe_buffer_bytes"] = probe_buffer_bytes(phases.last_self["probe_refit"])
@@ -299,7 +302,8 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def ratio_interval(a: list[list[float]], b: list[list[float]], resamples: int, seed: int) -> tuple[float, float, float]:
+def ratio_interval(a: list[list[float]], b: list[list[float]], resamples: int,
+                   seed: int) -> tuple[float, float, float]:
     """sum(a) / sum(b) over all replicates and its 95% percentile bootstrap interval, resampling at both
     levels: the replicates (each a pair of processes, whose own speed varies from run to run), then the
     paired steps within each replicate drawn."""
@@ -347,7 +351,8 @@ def run_replicate(name: str, steps: int, warmup: int, seed: int, workdir: Path, 
                     for other in arms:
                         other["process"].kill()
                     tail = arm["log"].read_text().strip().splitlines()[-1:]
-                    sys.exit(f"error: pair {name}: the {arm['kind']} arm of {arm['recipe']} failed ({' '.join(tail)}); log: {arm['log']}")
+                    sys.exit(f"error: pair {name}: the {arm['kind']} arm of {arm['recipe']} failed "
+                             f"({' '.join(tail)}); log: {arm['log']}")
     for arm in arms:
         arm["process"].join()
     return [measured[0], measured[1]] if first == 0 else [measured[1], measured[0]]  # turn -> arm
@@ -436,7 +441,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15, help="measured steps per arm in each replicate")
     parser.add_argument("--warmup", type=int, default=1, help="first steps of each arm, not counted")
     parser.add_argument("--replicates", type=int, default=6,
-                        help="runs of each pair (even), each a fresh pair of processes, the arm going first alternating")
+                        help="runs of each pair (even), each a fresh pair of processes, the first arm alternating")
     parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="every arm's policy (default: the recipes' tiny model)")
@@ -455,7 +460,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="step_cost_") as workdir:
         for name in pairs:
             started = time.perf_counter()
-            print(f"{name}: {cli.replicates} x ({cli.steps} + {cli.warmup}) steps per arm, interleaved ...", flush=True)
+            print(f"{name}: {cli.replicates} x ({cli.steps} + {cli.warmup}) steps per arm, interleaved ...",
+                  flush=True)
             pair = run_pair(name, cli.steps, cli.warmup, cli.replicates, cli.seed, Path(workdir), shape)
             pair["wall_seconds"] = round(time.perf_counter() - started, 1)
             payload["pairs"][name] = pair

@@ -141,7 +141,8 @@ def main() -> None:
                 "same_rollouts": poise["num_tokens"] == grpo["num_tokens"],
             }
             print(f"{mode}: peak {poise['peak_bytes_during_training'] / 2**20:.2f} MiB (POISE) vs "
-                  f"{grpo['peak_bytes_during_training'] / 2**20:.2f} MiB (GRPO), difference {excess / 2**20:+.3f} MiB, "
+                  f"{grpo['peak_bytes_during_training'] / 2**20:.2f} MiB (GRPO), "
+                  f"difference {excess / 2**20:+.3f} MiB, "
                   f"probe buffer {poise['probe_buffer_bytes'] / 2**20:.3f} MiB", flush=True)
     write_artefact(payload, cli.output)
 

@@ -71,7 +71,8 @@ def build_trainer(recipe: dict, out, *, reward_funcs=None, trainer_class=None):
 
     recipe = {"eval_max_new_tokens": 8, "eval_num_samples": 1, **recipe}
     # overwrite: a test may build a second trainer over the first one's checkpoints to resume from them
-    return build_run(parse_recipe(recipe, str(out)), overwrite=True, reward_funcs=reward_funcs, trainer_class=trainer_class).trainer
+    return build_run(parse_recipe(recipe, str(out)), overwrite=True, reward_funcs=reward_funcs,
+                     trainer_class=trainer_class).trainer
 
 
 def trainable_parameters(trainer) -> dict:
@@ -109,7 +110,7 @@ def assert_saved_weights_moved(start_model_dir, final_dir) -> None:
         lora_b = {name: t for name, t in final.items() if "lora_B" in name}
         assert lora_b, f"{final_dir} holds an adapter without lora_B tensors"
         still_zero = [name for name, t in lora_b.items() if not t.any()]
-        assert not still_zero, f"{len(still_zero)} of {len(lora_b)} lora_B tensors are still zero, e.g. {still_zero[:3]}"
+        assert not still_zero, f"{len(still_zero)} of {len(lora_b)} lora_B tensors still zero, e.g. {still_zero[:3]}"
         return
     start = saved_tensors(start_model_dir)
     shared = sorted(set(start) & set(final))

@@ -189,7 +189,8 @@ def test_resume_keeps_v_star_and_the_filtered_train_set(tmp_path, tiny_random_mo
 
     (checkpoint / A2PO_STATE_FILE).unlink()
     with pytest.raises(FileNotFoundError, match=A2PO_STATE_FILE):
-        make_trainer(tiny_random_model_dir, tmp_path / "again", **settings)[0].train(resume_from_checkpoint=str(checkpoint))
+        trainer = make_trainer(tiny_random_model_dir, tmp_path / "again", **settings)[0]
+        trainer.train(resume_from_checkpoint=str(checkpoint))
 
 
 @pytest.mark.slow

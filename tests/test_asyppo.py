@@ -129,7 +129,8 @@ def test_checkpoint_round_trip_and_resume(tmp_path, tiny_random_model_dir):
     saved = CriticEnsemble(str(tiny_random_model_dir), 1, learning_rate=1e-3)
     saved.load(out / "checkpoint-2" / "critics")
     ids = torch.randint(10, 60, (3, 12))
-    assert torch.equal(saved.values(ids, torch.ones_like(ids), 5), trainer.critics.values(ids, torch.ones_like(ids), 5))
+    mask = torch.ones_like(ids)
+    assert torch.equal(saved.values(ids, mask, 5), trainer.critics.values(ids, mask, 5))
 
     resumed = make_trainer(tiny_random_model_dir, out, algo="ppo", num_generations=2)
     at_checkpoint = saved_tensors(out / "checkpoint-1")

@@ -22,8 +22,8 @@ TINY = {
 }
 
 # (command line, text the one error line must contain). Placeholders: {recipe} a valid tiny
-# POISE recipe ({grpo_recipe} the same for GRPO), {model} its model, {run} a finished run of it (the output folder of every train
-# case), {truncated} / {bad_tokenizer} / {no_template} broken copies of the model, {file} a
+# POISE recipe ({grpo_recipe} the same for GRPO), {model} its model, {run} a finished run of it (the output
+# folder of every train case), {truncated} / {bad_tokenizer} / {no_template} broken copies of the model, {file} a
 # plain file, {foreign} a folder of someone's files, {no_answers} a jsonl without answers.
 CASES = [
     # poise train: the recipe and its overrides
@@ -58,7 +58,8 @@ CASES = [
     (["train", "{recipe}", "rewards=[nonsense]"], "unknown reward function(s): nonsense"),
     (["train", "{recipe}", "rewards=7"], "rewards: 7 is not a list"),
     (["train", "{recipe}", "algo=poisee"], "unknown algo 'poisee'; did you mean 'poise'?"),
-    (["train", "{recipe}", "budget_tokens=100", "budget_rollouts=8"], "set budget_tokens or budget_rollouts, not both"),
+    (["train", "{recipe}", "budget_tokens=100", "budget_rollouts=8"],
+     "set budget_tokens or budget_rollouts, not both"),
     (["train", "{recipe}", "--push-to-hub"], "push_to_hub needs the repository to push to"),
     # poise train: model, data, output folder
     (["train", "{recipe}", "model={dir}/nowhere"], "cannot load a tokenizer"),
@@ -82,7 +83,8 @@ CASES = [
     (["compare", "{recipe}", "--budget-tokens", "100", "--seeds", "0"], "--seeds must be >= 1"),
     (["compare", "{recipe}", "--budget-tokens", "abc"], "Invalid value for '--budget-tokens'"),
     (["compare", "{dir}/missing.yaml", "--budget-tokens", "100"], "not found"),
-    (["compare", "{recipe}", "--budget-tokens", "100", "--set", "max_steps=ten"], "max_steps: 'ten' is not an integer"),
+    (["compare", "{recipe}", "--budget-tokens", "100", "--set", "max_steps=ten"],
+     "max_steps: 'ten' is not an integer"),
     # poise bench / probe-eval
     (["bench", "toy-arith", "--model", "{truncated}", "-o", "{run}"], "model.safetensors is truncated or corrupt"),
     (["bench", "no-such-benchmark", "--model", "{model}", "-o", "{run}"], "no-such-benchmark"),
@@ -140,8 +142,8 @@ def world(tmp_path_factory, tiny_random_model_dir):
     config.pop("chat_template", None)
     (broken["no_template"] / "tokenizer_config.json").write_text(json.dumps(config))
     (broken["no_template"] / "chat_template.jinja").unlink(missing_ok=True)
-    return {"dir": root, "recipe": recipe, "grpo_recipe": grpo_recipe, "model": model, "run": root / "run", "cut": cut, "file": root / "file",
-            "foreign": root / "foreign", "no_answers": root / "no_answers.jsonl", **broken}
+    return {"dir": root, "recipe": recipe, "grpo_recipe": grpo_recipe, "model": model, "run": root / "run", "cut": cut,
+            "file": root / "file", "foreign": root / "foreign", "no_answers": root / "no_answers.jsonl", **broken}
 
 
 def snapshot(*folders):

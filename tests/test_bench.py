@@ -154,7 +154,8 @@ def test_torn_last_line_is_cut_and_corrupt_middle_line_refused(tmp_path):
         bench.read_samples(path)
 
 
-def test_resume_after_crash_loses_nothing_and_duplicates_nothing(tmp_path, toy_file, tiny_random_model_dir, monkeypatch):
+def test_resume_after_crash_loses_nothing_and_duplicates_nothing(tmp_path, toy_file, tiny_random_model_dir,
+                                                                   monkeypatch):
     fresh = run(tmp_path / "fresh", tiny_random_model_dir, toy_file)
     real_sampler = TransformersEngine.sample
     batches = {"count": 0}

@@ -51,7 +51,8 @@ def test_model_without_chat_template(tmp_path, tiny_random_model_dir):
     data.pop("chat_template", None)
     config.write_text(json.dumps(data))
     (model / "chat_template.jinja").unlink(missing_ok=True)
-    (tmp_path / "r.yaml").write_text(f"algo: grpo\nmodel: {model}\nnum_generations: 2\nper_device_train_batch_size: 4\n")
+    (tmp_path / "r.yaml").write_text(f"algo: grpo\nmodel: {model}\nnum_generations: 2\n"
+                                     "per_device_train_batch_size: 4\n")
     result, output = run("train", str(tmp_path / "r.yaml"), "--output-dir", str(tmp_path / "out"))
     assert_one_line_error(result, output, "has no chat template")
 

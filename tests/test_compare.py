@@ -234,7 +234,8 @@ def test_zero_signal_fraction_from_trl_and_dapo_logs():
 
     log = [
         {"generated_tokens": 100, "frac_reward_zero_std": 0.25},
-        {"generated_tokens": 200, "dapo/generated_groups": 16, "dapo/informative_groups": 6, "frac_reward_zero_std": 0.0},
+        {"generated_tokens": 200, "dapo/generated_groups": 16, "dapo/informative_groups": 6,
+         "frac_reward_zero_std": 0.0},
         {"generated_tokens": 300},
     ]
     assert log_series(log, "zero_signal_fraction") == [(100, 0.25), (200, 10 / 16)]
@@ -404,3 +405,42 @@ def test_differences_table_says_resolved_or_not():
     title, header, rows = next(t for t in compare.table_rows(report) if t[0].startswith("paired differences"))
     assert rows[0] == ["poise - grpo", "3", "+0.018 [-0.020, +0.050]", "not resolved",
                        "+0.030 [+0.010, +0.050]", "resolved", "seeds and held-out prompts"]
+
+
+def test_paired_difference_per_task_resolves_the_task_that_moved():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    arms = {"grpo": {"a": [0.4, 0.7], "b": [0.4, 0.4]}, "start": {"a": [0.4, 0.4], "b": [0.4, 0.4]}}
+    curves = {name: [] for name in arms}
+    for _ in range(3):  # seeds: task a's 100 prompts then task b's, one held-out set for both arms
+        per_task = {task: curves_with_prompts(rng, {n: arms[n][task] for n in arms}, seeds=1) for task in "ab"}
+        for name in arms:
+            curves[name].append([{**pa, "per_prompt": pa["per_prompt"] + pb["per_prompt"],
+                                  "per_prompt_task": ["a"] * 100 + ["b"] * 100}
+                                 for pa, pb in zip(per_task["a"][name][0], per_task["b"][name][0], strict=True)])
+    difference = compare.paired_difference(curves["grpo"], curves["start"])
+    by_task = difference["by_task"]
+    assert list(by_task) == ["a", "b"] and by_task["a"]["final"]["resolved"]
+    assert 0.15 < by_task["a"]["final"]["diff"] < 0.45 and not by_task["b"]["final"]["resolved"]
+    assert by_task["a"]["final"]["diff"] > difference["final"]["diff"] > by_task["b"]["final"]["diff"]
+    report = {"target": None, "results": {}, "differences": {"grpo - start": difference}}
+    title, header, rows = next(t for t in compare.table_rows(report) if t[0].startswith("paired differences per"))
+    assert [row[:2] for row in rows] == [["grpo - start", "a"], ["grpo - start", "b"]]
+    assert rows[0][3] == "resolved" and rows[1][3] == "not resolved"
+
+
+def test_a_held_out_evaluation_on_a_mix_names_each_prompts_task(bundled_model_dir):
+    from poise_trl.core.loading import load_causal_lm, load_tokenizer
+    from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
+    from poise_trl.tasks import by_task_means, load_prompt_dataset
+
+    mix = [{"name": "reasoning-gym:chain_sum", "config": {"system_prompt": "direct"}},
+           {"name": "reasoning-gym:leg_counting", "config": {"system_prompt": "direct"}}]
+    rows = load_prompt_dataset(mix, limit=6, seed=0)
+    engine = TransformersEngine(load_causal_lm(str(bundled_model_dir)), load_tokenizer(str(bundled_model_dir)), 8)
+    result = evaluate_accuracy(engine, rows, num_samples=2, max_new_tokens=8, keep_per_prompt=True)
+    assert result["per_prompt_task"] == rows["task"] and len(result["per_prompt"]) == 6
+    assert result["by_task"] == pytest.approx(by_task_means(result["per_prompt_task"], result["per_prompt"]))
+    assert "per_prompt_task" not in evaluate_accuracy(engine, rows.remove_columns("task"), max_new_tokens=4,
+                                                      keep_per_prompt=True)

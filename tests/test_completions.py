@@ -1,5 +1,5 @@
-"""`log_completions: true`: the completion table (poise_trl/algorithms/completions.py) in completions.jsonl and in TRL's
-tracker table, for POISE (with its probe baseline), GRPO on a task mix (with the task) and every other
+"""`log_completions: true`: the completion table (poise_trl/algorithms/completions.py) in completions.jsonl and in
+TRL's tracker table, for POISE (with its probe baseline), GRPO on a task mix (with the task) and every other
 GRPO-based algorithm; a resumed run rewrites the steps after its checkpoint instead of repeating them."""
 
 import json
@@ -102,7 +102,8 @@ def test_grpo_on_a_mix_tables_each_rows_task_and_no_baseline(tmp_path, tiny_rand
     assert {"step", "prompt", "completion", "reward", "advantage", "task"} == set(rows[0])
     for step, group in by_step(rows).items():
         for task in {row["task"] for row in group}:
-            mean = sum(row["reward"] for row in group if row["task"] == task) / sum(row["task"] == task for row in group)
+            rewards = [row["reward"] for row in group if row["task"] == task]
+            mean = sum(rewards) / len(rewards)
             assert mean == pytest.approx(logged_by_step(trainer, f"rewards/task/{task}/mean")[step], abs=1e-6)
         for start in range(0, len(group), 4):  # GRPO: each prompt's advantages centred on its mean
             prompt_group = group[start : start + 4]
@@ -156,4 +157,5 @@ def test_a2po_rows_hold_its_optimal_value_baseline(tmp_path, tiny_random_model_d
         assert 0.0 <= row["baseline"] <= 1.0 and row["completion"] and row["prompt"]
     assert {round(row["baseline"], 6) for row in rows} <= {round(v, 6) for v in v_star.values()}
     for step, group in by_step(rows).items():
-        assert sum(row["reward"] for row in group) / 4 == pytest.approx(logged_by_step(trainer, "reward")[step], abs=1e-6)
+        logged = logged_by_step(trainer, "reward")[step]
+        assert sum(row["reward"] for row in group) / 4 == pytest.approx(logged, abs=1e-6)

@@ -169,7 +169,8 @@ before = trainable_parameters(trainer)
 trainer.train()
 assert_parameters_moved(before, trainer)
 params = [p.detach().clone() for critic in trainer.critics.critics for p in critic.parameters()]
-torch.save({{"params": params, "updates": trainer.critics.updates}}, out / f"rank{{trainer.accelerator.process_index}}.pt")
+torch.save({{"params": params, "updates": trainer.critics.updates}},
+           out / f"rank{{trainer.accelerator.process_index}}.pt")
 # Tear gloo down before exit: its threads otherwise can abort the process at interpreter shutdown.
 torch.distributed.barrier()
 torch.distributed.destroy_process_group()

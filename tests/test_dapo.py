@@ -84,9 +84,11 @@ def test_merge_batches_pads_prompts_left_and_completions_right():
     }
     b = {
         "prompt_ids": torch.tensor([[1, 2], [3, 4]]), "prompt_mask": torch.tensor([[1, 1], [1, 1]]),
-        "completion_ids": torch.tensor([[5, 6, 7], [8, 9, 9]]), "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]),
+        "completion_ids": torch.tensor([[5, 6, 7], [8, 9, 9]]),
+        "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]]),
         "advantages": torch.tensor([1.0, -1.0]), "ratio": torch.tensor([[3.5], [4.5]]),
-        "ref_per_token_logps": torch.tensor([[-5.0, -6.0, -7.0], [-8.0, -9.0, -9.0]]), "num_items_in_batch": torch.tensor(4),
+        "ref_per_token_logps": torch.tensor([[-5.0, -6.0, -7.0], [-8.0, -9.0, -9.0]]),
+        "num_items_in_batch": torch.tensor(4),
         "tags": ["b0", "b1"], "absent": None,
     }
     merged = merge_batches([a, b], [(1, 0), (0, 1)], pad_token_id=9)
@@ -223,7 +225,8 @@ def test_resume_continues_the_extra_prompt_stream(tmp_path, tiny_random_model_di
     # a checkpoint without the stream position (not written by DAPOTrainer) cannot resume dynamic sampling
     (checkpoint / DAPO_STATE_FILE).unlink()
     with pytest.raises(FileNotFoundError, match=DAPO_STATE_FILE):
-        make_trainer(tiny_random_model_dir, tmp_path / "again", **settings).train(resume_from_checkpoint=str(checkpoint))
+        again = make_trainer(tiny_random_model_dir, tmp_path / "again", **settings)
+        again.train(resume_from_checkpoint=str(checkpoint))
     # without dynamic sampling the stream is unused: a warning, and it starts at 0
     plain = make_trainer(tiny_random_model_dir, tmp_path / "plain", **settings, dynamic_sampling=False)
     with pytest.warns(UserWarning, match=DAPO_STATE_FILE):

@@ -82,5 +82,6 @@ def test_every_docs_page_is_in_the_nav_and_every_nav_page_exists():
 def test_site_builds_strictly(tmp_path):
     # No `-q`: mkdocs 1.6 counts strict-mode warnings only at the default log level.
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-                            cwd=REPO_ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+                            cwd=REPO_ROOT, capture_output=True, text=True,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, result.stdout + result.stderr

@@ -33,7 +33,8 @@ RECIPE = {
 @pytest.fixture(scope="module")
 def recipe_path(tmp_path_factory, tiny_random_model_dir):
     path = tmp_path_factory.mktemp("fault") / "recipe.yaml"
-    path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in {**RECIPE, "model": str(tiny_random_model_dir)}.items()))
+    recipe = {**RECIPE, "model": str(tiny_random_model_dir)}
+    path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in recipe.items()))
     return path
 
 
@@ -106,4 +107,13 @@ def test_kill_9_then_rerun_ends_as_if_never_interrupted(recipe_path, uninterrupt
     assert f"warning: checkpoint-{newest + 1} is incomplete (interrupted while it was written): skipped" in lines, \
         (moment, lines)
     assert f"resuming from checkpoint-{newest} (step {newest} of {MAX_STEPS})" in lines, (moment, lines)
+    assert_same_final_state(out, uninterrupted)
+
+
+def test_killed_after_the_last_checkpoint_the_rerun_trains_no_extra_step(recipe_path, uninterrupted, tmp_path):
+    out = tmp_path / "run"  # as a kill leaves it after checkpoint-MAX_STEPS was marked, before final/ and the summary
+    shutil.copytree(uninterrupted, out, ignore=shutil.ignore_patterns("final", "summary.json"))
+    process = start_training(recipe_path, out)
+    assert process.wait(timeout=300) == 0
+    assert not (out / f"checkpoint-{MAX_STEPS + 1}").exists()
     assert_same_final_state(out, uninterrupted)

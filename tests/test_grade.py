@@ -63,7 +63,8 @@ def test_reasoning_gym_completions_in_row_order_and_a_math_file(tmp_path):
     assert [g["reward"] for g in read_jsonl(out)] == [1.0, 0.0, 1.0]
     assert "reasoning-gym:leg_counting" in output and "0.667" in output
 
-    data = write_jsonl(tmp_path / "math.jsonl", [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}])
+    data = write_jsonl(tmp_path / "math.jsonl",
+                       [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}])
     answers = write_jsonl(tmp_path / "answers.jsonl", [{"completion": "so \\boxed{2}"}, {"completion": "\\boxed{5}"}])
     result, output = cli("mine", "--data-file", data, "-c", answers, "-o", tmp_path / "math_graded.jsonl")
     assert result.exit_code == 0, output
@@ -94,7 +95,8 @@ def test_a_task_mix_is_graded_per_task(tmp_path):
     mix = "reasoning-gym:leg_counting+reasoning-gym:basic_arithmetic"
     rows = load_benchmark(mix, None, DataRequest(limit=4), seed=0)
     assert sorted(set(rows["task"])) == ["reasoning-gym:basic_arithmetic", "reasoning-gym:leg_counting"]
-    path = write_jsonl(tmp_path / "mix.jsonl", [{"completion": f"<answer>{answer}</answer>"} for answer in rows["answer"]])
+    path = write_jsonl(tmp_path / "mix.jsonl",
+                       [{"completion": f"<answer>{answer}</answer>"} for answer in rows["answer"]])
     result, output = cli(mix, "--limit", 4, "-c", path)
     assert result.exit_code == 0, output
     summary = json.loads((tmp_path / "mix.jsonl.graded.jsonl.summary.json").read_text())

@@ -188,7 +188,8 @@ def random_features(n: int, d: int, seed: int, offset: float = 3.0) -> tuple[Rol
 
 def test_pca_components_are_orthonormal_with_positive_pivots_and_trim_rank():
     g = torch.Generator().manual_seed(0)
-    rank_one = torch.randn(30, 1, generator=g, dtype=torch.float64) @ torch.randn(1, 4, generator=g, dtype=torch.float64)
+    column = torch.randn(30, 1, generator=g, dtype=torch.float64)
+    rank_one = column @ torch.randn(1, 4, generator=g, dtype=torch.float64)
     _, comps, _ = _fit_pca(rank_one + 5.0, 3)
     # one direction of spread: components 2 and 3 are beyond the numerical rank and set to 0
     assert comps[1:].abs().sum() == 0
@@ -441,7 +442,8 @@ def test_poise_compute_advantages_with_its_own_feature_pass(tmp_path, tiny_rando
     g = torch.Generator().manual_seed(0)
     vocab = len(trainer.processing_class)
     output = {"prompt_ids": torch.randint(3, vocab, (4, 3), generator=g), "prompt_mask": torch.ones(4, 3).long(),
-              "completion_ids": torch.randint(3, vocab, (4, 4), generator=g), "completion_mask": torch.ones(4, 4).long()}
+              "completion_ids": torch.randint(3, vocab, (4, 4), generator=g),
+              "completion_mask": torch.ones(4, 4).long()}
     exact(trainer.compute_advantages(torch.tensor([0.0, 1.0, 1.0, 0.0]), output), [-1.0, 1.0, 1.0, -1.0])
     assert trainer._metrics["train"]["probe/features_from_extra_pass"] == [1.0]
     assert len(trainer.value_estimator.buffers["all"]) == 4

@@ -30,7 +30,8 @@ def make_trainer(model_dir, out, **overrides):
 
 def random_features(n=16, d=32, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return RolloutFeatures(torch.randn(n, d, generator=g), torch.randn(n, d, generator=g), torch.rand(n, 3, generator=g))
+    return RolloutFeatures(torch.randn(n, d, generator=g), torch.randn(n, d, generator=g),
+                           torch.rand(n, 3, generator=g))
 
 
 def test_probe_takes_over_after_bootstrap_and_invariant_holds(tmp_path, tiny_random_model_dir):

@@ -284,11 +284,13 @@ def test_pipeline_report_and_cache(tmp_path, toy_file, tiny_random_model_dir, sa
     # Same settings: nothing is generated, computed or trained again.
     again = pe.run_probe_eval(settings(tiny_random_model_dir, toy_file, out, layers=[0]), show_progress=False)
     assert len(sampler_calls) == 1
-    assert again["cache"] == report["cache"] | {"rollouts": "reused", "feature_blocks_computed": [], "value_model": "reused"}
+    reused = {"rollouts": "reused", "feature_blocks_computed": [], "value_model": "reused"}
+    assert again["cache"] == report["cache"] | reused
     assert again["estimators"] == report["estimators"]
 
     # A new analysis setting reuses the rollouts.
-    pe.run_probe_eval(settings(tiny_random_model_dir, toy_file, out, layers=[0], ridge_alpha=10.0), show_progress=False)
+    pe.run_probe_eval(settings(tiny_random_model_dir, toy_file, out, layers=[0], ridge_alpha=10.0),
+                      show_progress=False)
     assert len(sampler_calls) == 1
 
     # A changed sampling setting samples afresh, into its own cache entry.
@@ -327,7 +329,8 @@ def test_cli_defaults_are_the_library_defaults():
     import dataclasses
     import inspect
 
-    library = {f.name: f.default for f in dataclasses.fields(pe.ProbeEvalSettings) if f.default is not dataclasses.MISSING}
+    library = {f.name: f.default for f in dataclasses.fields(pe.ProbeEvalSettings)
+               if f.default is not dataclasses.MISSING}
     for name, param in inspect.signature(probe_eval_command).parameters.items():
         if name in library and name != "layer":
             default = param.default.default

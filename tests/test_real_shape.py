@@ -256,7 +256,8 @@ def test_bench_and_probe_eval_run_on_the_real_shape(world, tmp_path, monkeypatch
     def cli(*args):
         result = CliRunner().invoke(app, [str(a) for a in args] + ["--engine", "transformers", "--no-progress"])
         assert result.exit_code == 0, result.output
-        return json.loads((tmp_path / args[-1] / ("summary.json" if args[0] == "bench" else "report.json")).read_text())
+        name = "summary.json" if args[0] == "bench" else "report.json"
+        return json.loads((tmp_path / args[-1] / name).read_text())
 
     summary = cli("bench", "toy-arith", "--model", world, "--data-file", data, "-n", 2, "--max-new-tokens", 8, "-o",
                   tmp_path / "bench")

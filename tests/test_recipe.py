@@ -19,7 +19,8 @@ def write(tmp_path, text):
 
 def test_overrides_are_yaml_typed_and_nested(tmp_path):
     recipe = load_recipe(write(tmp_path, "algo: grpo\nlearning_rate: 1.0e-6\n"),
-                         ["learning_rate=3e-4", "max_steps=7", "peft.r=4", "rewards=[math_accuracy, format]", "bf16=false"])
+                         ["learning_rate=3e-4", "max_steps=7", "peft.r=4", "rewards=[math_accuracy, format]",
+                          "bf16=false"])
     assert recipe["learning_rate"] == 3e-4 and recipe["max_steps"] == 7
     assert recipe["peft"] == {"r": 4}
     assert recipe["rewards"] == ["math_accuracy", "format"]

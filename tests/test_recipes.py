@@ -8,7 +8,8 @@ import torch
 from poise_trl.run.recipe import load_recipe, parse_recipe
 
 # recipes/accelerate/ holds launch configs, not recipes (tests/test_plan.py reads them)
-RECIPES = sorted(p for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*/*.yaml") if p.parent.name != "accelerate")
+RECIPES = sorted(p for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*/*.yaml")
+                 if p.parent.name != "accelerate")
 
 
 def test_there_are_toy_and_gpu_recipes():

@@ -27,7 +27,8 @@ def tokenizer(tiny_random_model_dir):
 
 def test_working_reward_functions_pass_the_dry_batch_with_every_argument_trl_gives(tokenizer):
     math_rows = load_prompt_dataset("toy-arith", limit=4, seed=0)
-    names = ["math_accuracy", "format", "fixtures.user_rewards:length_penalty", "fixtures.user_rewards:needs_trl_arguments"]
+    names = ["math_accuracy", "format", "fixtures.user_rewards:length_penalty",
+             "fixtures.user_rewards:needs_trl_arguments"]
     check_reward_functions(get_reward_functions(names), math_rows, tokenizer, names)
     task_rows = load_prompt_dataset("reasoning-gym:leg_counting", limit=4, seed=0)
     check_reward_functions(get_reward_functions(["task"]), task_rows, tokenizer, ["task"])

@@ -116,8 +116,8 @@ def test_folder_states(tmp_path):
     assert (folder.state, folder.checkpoint.name, folder.step) == ("resume", "checkpoint-2", 2)
     assert inspect_run_folder(fake_run(tmp_path / "done", RECIPE, finished=True), RECIPE).state == "finished"
     # keys that do not change what a run computes may differ
-    assert inspect_run_folder(tmp_path / "cut", {**RECIPE, "resume_from_checkpoint": True, "push_to_hub": True}).state \
-        == "resume"
+    same_run = {**RECIPE, "resume_from_checkpoint": True, "push_to_hub": True}
+    assert inspect_run_folder(tmp_path / "cut", same_run).state == "resume"
 
 
 def test_a_half_written_checkpoint_is_skipped_with_a_warning(tmp_path):

@@ -114,7 +114,8 @@ def test_bench_on_a_task_mix_file_prints_a_table_per_task(tmp_path):
     mix.write_text("dataset:\n  - reasoning-gym:leg_counting\n  - {name: reasoning-gym:basic_arithmetic, weight: 2}\n")
     out = tmp_path / "bench"
     result = CliRunner().invoke(app, ["bench", str(mix), "--model", "data/tiny-qwen3", "--limit", "6", "-n", "2",
-                                      "--max-new-tokens", "8", "--engine", "transformers", "-o", str(out), "--no-progress"])
+                                      "--max-new-tokens", "8", "--engine", "transformers", "-o", str(out),
+                                      "--no-progress"])
     assert result.exit_code == 0, result.output
     by_task = json.loads((out / "summary.json").read_text())["benchmarks"]["mix"]["metrics"]["by_task"]
     assert {task: m["num_problems"] for task, m in by_task.items()} == {

@@ -90,7 +90,8 @@ def test_by_task_means_leaves_out_rows_no_function_scored():
 
 @pytest.mark.slow
 def test_training_on_a_mix_logs_each_tasks_reward_and_moves_the_weights(tmp_path, bundled_model_dir):
-    mix = [{"name": CHAIN_SUM, "config": {**SMALL_SUMS, **SHORT_PROMPT}}, {"name": LEG_COUNTING, "config": SHORT_PROMPT}]
+    mix = [{"name": CHAIN_SUM, "config": {**SMALL_SUMS, **SHORT_PROMPT}},
+           {"name": LEG_COUNTING, "config": SHORT_PROMPT}]
     trainer = build_trainer({
         "algo": "poise", "model": str(bundled_model_dir), "dataset": mix, "dataset_size": 8, "eval_limit": 2,
         "rewards": ["task", "fixtures.user_rewards:length_penalty"], "num_generations": 2,
@@ -107,7 +108,8 @@ def test_training_on_a_mix_logs_each_tasks_reward_and_moves_the_weights(tmp_path
     # 4 prompts a step: the 2 steps see all 8, so both tasks are logged
     assert set(last_task_rewards(trainer.state.log_history)) == {CHAIN_SUM, LEG_COUNTING}
     logged = {key for entry in trainer.state.log_history for key in entry}
-    assert {f"rewards/task/{CHAIN_SUM}/mean", f"rewards/task/{LEG_COUNTING}/mean", "rewards/task_reward/mean"} <= logged
+    assert {f"rewards/task/{CHAIN_SUM}/mean", f"rewards/task/{LEG_COUNTING}/mean",
+            "rewards/task_reward/mean"} <= logged
 
 
 @pytest.mark.slow
@@ -156,7 +158,8 @@ def test_math_is_a_task_with_the_datasets_own_rows_and_the_math_grader():
     `math_accuracy` scores them, so math sits in a mix beside the other families."""
     plain_train = load_prompt_dataset("toy-arith", limit=6, seed=3)
     as_task = task_rows("math:toy-arith", "train", 6, 3)
-    assert [r["prompt"] for r in as_task] == plain_train["prompt"] and [r["answer"] for r in as_task] == plain_train["answer"]
+    assert [r["prompt"] for r in as_task] == plain_train["prompt"]
+    assert [r["answer"] for r in as_task] == plain_train["answer"]
     plain_test = load_prompt_dataset("toy-arith", split="test", limit=5, seed=3)
     assert [r["prompt"] for r in task_rows("math:toy-arith", "test", 5, 3)] == plain_test["prompt"]
 

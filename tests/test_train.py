@@ -54,7 +54,8 @@ def test_two_step_run_writes_summary_and_checkpoints(tmp_path, tiny_random_model
 
 
 def test_lora_run(tmp_path, tiny_random_model_dir):
-    recipe = tiny_recipe(tmp_path, tiny_random_model_dir, peft={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    recipe = tiny_recipe(tmp_path, tiny_random_model_dir,
+                         peft={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
     out = tmp_path / "lora"
     summary = train_from_recipe(recipe, str(out), show_progress=False)
     assert summary["steps"] == 2

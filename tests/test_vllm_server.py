@@ -31,13 +31,15 @@ pytestmark = [
 
 SERVER_START_SECONDS = 300  # the engine starts in 30-90 s on 2 busy cores
 # Small enough for a second or two per step; a reward that differs between the rollouts of a group.
-COMMON = {"rewards": [VARYING_REWARD], "dataset_size": 64, "per_device_train_batch_size": 8, "max_completion_length": 32, "eval_every": 0,
-          "eval_limit": 8, "logging_steps": 1, "save_strategy": "no", "seed": 0}
+COMMON = {"rewards": [VARYING_REWARD], "dataset_size": 64, "per_device_train_batch_size": 8,
+          "max_completion_length": 32, "eval_every": 0, "eval_limit": 8, "logging_steps": 1, "save_strategy": "no",
+          "seed": 0}
 SEQUENCE_TEXT = "12+34=<think>4+2=6</think>46"  # a fixed prompt + completion to score
 
 
 class Server:
-    """`python -m poise_trl.engines.vllm_server` on a local port, in its own process group (the engine core is a child)."""
+    """`python -m poise_trl.engines.vllm_server` on a local port, in its own process group (the engine core is a
+    child)."""
 
     def __init__(self, model: Path, log: Path):
         self.model, self.log = model, log
@@ -49,7 +51,8 @@ class Server:
 
     def start(self) -> None:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "HF_HUB_OFFLINE": "1"}
-        command = [sys.executable, "-m", "poise_trl.engines.vllm_server", "--model", str(self.model), "--port", str(self.port)]
+        command = [sys.executable, "-m", "poise_trl.engines.vllm_server", "--model", str(self.model),
+                   "--port", str(self.port)]
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)

@@ -11,7 +11,7 @@ import json
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,10 +20,10 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl.data_utils import maybe_apply_chat_template
 from trl.import_utils import suppress_experimental_warning
 
-with suppress_experimental_warning():  # TRL's own imports of trl.experimental do the same; the registry says "experimental"
+with suppress_experimental_warning():  # as TRL's own imports of trl.experimental; the registry says "experimental"
     from trl.experimental.a2po import A2POConfig, A2POTrainer
 
-from poise_trl.algorithms.base import Signal, TrainerContract, logged, record_task_rewards, register_algorithm
+from poise_trl.algorithms.base import Signal, TrainerContract, logged, record_task_rewards, register_algorithm, setting
 from poise_trl.algorithms.completions import CompletionTable
 from poise_trl.core.distributed import summed_over_processes
 from poise_trl.core.loading import RecipeError
@@ -38,12 +38,9 @@ class A2POArmConfig(A2POConfig):
     """TRL's A2POConfig as `poise train` builds it. A*-PO's defining settings are TRL's defaults (beta1
     0.5, beta2 1e-3, 8 value samples, all-wrong prompts filtered); the recipe sets the rest."""
 
-    log_completions: bool = field(default=False, metadata={
-        "help": "Append every training completion to completions.jsonl at each log: prompt, completion, reward, "
-                "baseline V*(x) and advantage r - V*(x) (and the task on a task mix). TRL's A2POTrainer has no "
-                "tracker table."})
-
-
+    log_completions: bool = setting(False, "Append every training completion to completions.jsonl at each log: "
+                                           "prompt, completion, reward, baseline V*(x) and advantage r - V*(x) (and "
+                                           "the task on a task mix). TRL's A2POTrainer has no tracker table.")
 
 
 def completion_lengths(completion_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
@@ -124,8 +121,8 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
             if bound >= budget.amount:
                 warnings.warn(f"A*-PO stage 1 may use up to {bound} of the {budget.amount} budget tokens ({prompts} "
                               f"prompts x num_value_samples={n} x max_completion_length="
-                              f"{self.args.max_completion_length}); it stops with an error as soon as it passes the budget",
-                              stacklevel=3)
+                              f"{self.args.max_completion_length}); it stops with an error as soon as it passes the "
+                              "budget", stacklevel=3)
 
     def _estimate_optimal_values(self):
         callback = self._eval_callback()
@@ -164,7 +161,8 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
         self.generated_tokens += self.stage1_tokens
         self.generated_rollouts += self.stage1_rollouts
         self.zero_signal_rollouts += self.stage1_rollouts
-        self.pending_logs.update({"a2po/stage1_tokens": self.stage1_tokens, "a2po/stage1_rollouts": self.stage1_rollouts,
+        self.pending_logs.update({"a2po/stage1_tokens": self.stage1_tokens,
+                                  "a2po/stage1_rollouts": self.stage1_rollouts,
                                   "a2po/stage1_prompts_kept": len(self.train_dataset),
                                   "a2po/stage1_seconds": round(self.stage1_seconds, 3)})
         if len(self.train_dataset) == 0:

@@ -8,13 +8,13 @@ prompt's responses and give V-bar for a token-level GAE, then AsyPPO's disagreem
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from trl import GRPOConfig
 
-from poise_trl.algorithms.base import AdvantageTrainer, CompareTable, register_algorithm
+from poise_trl.algorithms.base import AdvantageTrainer, CompareTable, register_algorithm, setting
 from poise_trl.algorithms.critic_report import CriticReportCallback
 from poise_trl.algorithms.critics import STATE_FILE, CriticEnsemble
 from poise_trl.core import estimators
@@ -32,85 +32,56 @@ class AsyPPOConfig(GRPOConfig):
     `entropy_coef` (TRL's field) is the beta of AsyPPO's filtered entropy term (`filtered_entropy_bonus`).
     """
 
-    critic_model: str | None = field(
-        default=None,
-        metadata={"help": "Critic backbone: a causal LM (a scalar head is added) or a saved critic "
-                          "(*ForTokenClassification, e.g. data/tiny-critic or checkpoint-N/critics/critic_0). "
-                          "None: the actor's own model, i.e. a same-size critic (PPO, VAPO)."},
-    )
-    num_critics: int = field(default=2, metadata={"help": "M mini-critics (AsyPPO: 2 is the sweet spot)."})
-    critic_aggregation: str = field(
-        default="mean", metadata={"help": "'mean' (AsyPPO's choice) or 'min' of the critics' values."}
-    )
-    critic_values: str = field(
-        default="before_update",
-        metadata={"help": "Which values GAE uses: 'before_update' (the critics before fitting this round, as "
-                          "PPO computes values at rollout time), 'after_update' (AsyPPO's order: fit, then "
-                          "V-bar) or 'cross_fit' (after the fit, each response's V from the critics that did not "
-                          "train on it; needs num_critics >= 2)."},
-    )
-    critic_learning_rate: float = field(default=2e-6, metadata={"help": "Critics' AdamW lr (VAPO: 2e-6)."})
-    critic_weight_decay: float = field(default=0.0, metadata={"help": "Critics' AdamW weight decay."})
-    critic_max_grad_norm: float = field(default=1.0, metadata={"help": "Per-critic gradient clipping norm."})
-    critic_epochs: int = field(default=1, metadata={"help": "Passes over the round's data per critic update."})
-    critic_mini_batch_size: int | None = field(
-        default=None,
-        metadata={"help": "Rows per critic optimizer step, per process (None: per_device_train_batch_size)."},
-    )
-    critic_micro_batch_size: int | None = field(
-        default=None, metadata={"help": "Rows per critic forward pass (memory); None: critic_mini_batch_size."}
-    )
-    critic_dtype: str = field(
-        default="float32",
-        metadata={"help": "Critic weights and optimizer state: 'float32' (with bf16 autocast when bf16=True) "
-                          "or 'bfloat16' (pure bf16, to save memory with same-size critics)."},
-    )
-    gamma: float = field(default=1.0, metadata={"help": "Discount (VAPO paper: 1.0)."})
-    lambda_policy: float = field(
-        default=0.95, metadata={"help": "GAE lambda of the policy's advantages (ignored when length_adaptive_alpha is set)."}
-    )
-    lambda_critic: float = field(
-        default=1.0, metadata={"help": "GAE lambda of the critics' targets (VAPO's decoupled GAE: 1.0)."}
-    )
-    length_adaptive_alpha: float | None = field(
-        default=None,
-        metadata={"help": "VAPO length-adaptive GAE: lambda_policy = 1 - 1/(alpha * length) per response "
-                          "(VAPO paper: 0.05). None: the constant lambda_policy."},
-    )
-    whiten_advantages: bool = field(
-        default=True, metadata={"help": "Whiten the GAE advantages over the valid tokens of the global batch."}
-    )
-    adv_mask_fraction: float = field(
-        default=0.2,
-        metadata={"help": "k: zero the advantages of the tokens whose critic std is in the lowest k of the batch "
-                          "(AsyPPO paper: 0.2). Needs num_critics >= 2."},
-    )
-    entropy_filter_fraction: float = field(
-        default=0.2,
-        metadata={"help": "h: leave the tokens whose critic std is in the top h of the batch out of the entropy "
-                          "bonus (AsyPPO paper: 0.2). Needs num_critics >= 2."},
-    )
-    value_warmup_steps: int = field(
-        default=0,
-        metadata={"help": "VAPO value pretraining: optimizer steps at the start in which only the critics learn "
-                          "(the actor takes no step; these steps count toward max_steps and the lr schedule)."},
-    )
-    positive_lm_coef: float = field(
-        default=0.0,
-        metadata={"help": "mu of VAPO's positive-example LM loss: L = L_PPO + mu * NLL of the correct responses "
-                          "(VAPO paper: 0.1)."},
-    )
-    positive_reward_threshold: float = field(
-        default=1.0, metadata={"help": "A response counts as correct (positive example) when its reward >= this."}
-    )
+    critic_model: str | None = setting(None, "Critic backbone: a causal LM (a scalar head is added) or a saved "
+                                             "critic (*ForTokenClassification, e.g. data/tiny-critic or "
+                                             "checkpoint-N/critics/critic_0). None: the actor's own model, i.e. a "
+                                             "same-size critic (PPO, VAPO).")
+    num_critics: int = setting(2, "M mini-critics (AsyPPO: 2 is the sweet spot).")
+    critic_aggregation: str = setting("mean", "'mean' (AsyPPO's choice) or 'min' of the critics' values.")
+    critic_values: str = setting("before_update", "Which values GAE uses: 'before_update' (the critics before "
+                                                  "fitting this round, as PPO computes values at rollout time), "
+                                                  "'after_update' (AsyPPO's order: fit, then V-bar) or 'cross_fit' "
+                                                  "(after the fit, each response's V from the critics that did not "
+                                                  "train on it; needs num_critics >= 2).")
+    critic_learning_rate: float = setting(2e-6, "Critics' AdamW lr (VAPO: 2e-6).")
+    critic_weight_decay: float = setting(0.0, "Critics' AdamW weight decay.")
+    critic_max_grad_norm: float = setting(1.0, "Per-critic gradient clipping norm.")
+    critic_epochs: int = setting(1, "Passes over the round's data per critic update.")
+    critic_mini_batch_size: int | None = setting(None, "Rows per critic optimizer step, per process (None: "
+                                                       "per_device_train_batch_size).")
+    critic_micro_batch_size: int | None = setting(None, "Rows per critic forward pass (memory); None: "
+                                                        "critic_mini_batch_size.")
+    critic_dtype: str = setting("float32", "Critic weights and optimizer state: 'float32' (with bf16 autocast when "
+                                           "bf16=True) or 'bfloat16' (pure bf16, to save memory with same-size "
+                                           "critics).")
+    gamma: float = setting(1.0, "Discount (VAPO paper: 1.0).")
+    lambda_policy: float = setting(0.95, "GAE lambda of the policy's advantages (ignored when length_adaptive_alpha "
+                                         "is set).")
+    lambda_critic: float = setting(1.0, "GAE lambda of the critics' targets (VAPO's decoupled GAE: 1.0).")
+    length_adaptive_alpha: float | None = setting(None, "VAPO length-adaptive GAE: lambda_policy = 1 - 1/(alpha * "
+                                                        "length) per response (VAPO paper: 0.05). None: the constant "
+                                                        "lambda_policy.")
+    whiten_advantages: bool = setting(True, "Whiten the GAE advantages over the valid tokens of the global batch.")
+    adv_mask_fraction: float = setting(0.2, "k: zero the advantages of the tokens whose critic std is in the lowest "
+                                            "k of the batch (AsyPPO paper: 0.2). Needs num_critics >= 2.")
+    entropy_filter_fraction: float = setting(0.2, "h: leave the tokens whose critic std is in the top h of the batch "
+                                                  "out of the entropy bonus (AsyPPO paper: 0.2). Needs num_critics "
+                                                  ">= 2.")
+    value_warmup_steps: int = setting(0, "VAPO value pretraining: optimizer steps at the start in which only the "
+                                         "critics learn (the actor takes no step; these steps count toward max_steps "
+                                         "and the lr schedule).")
+    positive_lm_coef: float = setting(0.0, "mu of VAPO's positive-example LM loss: L = L_PPO + mu * NLL of the "
+                                           "correct responses (VAPO paper: 0.1).")
+    positive_reward_threshold: float = setting(1.0, "A response counts as correct (positive example) when its reward "
+                                                    ">= this.")
 
     # TRL's fields, at AsyPPO's values: its J_PPO, a per-response mean (1/|o| sum_t), clip 0.2,
     # no KL, and its entropy bonus; scale_rewards is unused (the advantages come from GAE).
-    loss_type: str = field(default="grpo", metadata={"help": "Per-response mean loss (AsyPPO's J_PPO)."})
-    epsilon: float = field(default=0.2, metadata={"help": "Clip range."})
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient: no KL term."})
-    scale_rewards: str = field(default="none", metadata={"help": "Unused: the advantages come from GAE."})
-    entropy_coef: float = field(default=1e-3, metadata={"help": "beta of AsyPPO's filtered entropy bonus."})
+    loss_type: str = setting("grpo", "Per-response mean loss (AsyPPO's J_PPO).")
+    epsilon: float = setting(0.2, "Clip range.")
+    beta: float = setting(0.0, "KL coefficient: no KL term.")
+    scale_rewards: str = setting("none", "Unused: the advantages come from GAE.")
+    entropy_coef: float = setting(1e-3, "beta of AsyPPO's filtered entropy bonus.")
 
     def __post_init__(self):
         super().__post_init__()
@@ -148,26 +119,26 @@ class AsyPPOConfig(GRPOConfig):
 class PPOConfig(AsyPPOConfig):
     """Plain PPO as VAPO's baseline describes it (docs/algorithms.md), each prompt sampled twice for TRL."""
 
-    num_critics: int = field(default=1, metadata={"help": "One critic."})
-    adv_mask_fraction: float = field(default=0.0, metadata={"help": "No disagreement mask (one critic)."})
-    entropy_filter_fraction: float = field(default=0.0, metadata={"help": "No entropy filter (one critic)."})
-    entropy_coef: float = field(default=0.0, metadata={"help": "No entropy bonus."})
-    lambda_policy: float = field(default=0.95, metadata={"help": "GAE lambda of the policy's advantages."})
-    lambda_critic: float = field(default=0.95, metadata={"help": "GAE lambda of the critic's targets."})
-    num_generations: int | None = field(default=2, metadata={"help": "Rollouts per prompt."})
+    num_critics: int = setting(1, "One critic.")
+    adv_mask_fraction: float = setting(0.0, "No disagreement mask (one critic).")
+    entropy_filter_fraction: float = setting(0.0, "No entropy filter (one critic).")
+    entropy_coef: float = setting(0.0, "No entropy bonus.")
+    lambda_policy: float = setting(0.95, "GAE lambda of the policy's advantages.")
+    lambda_critic: float = setting(0.95, "GAE lambda of the critic's targets.")
+    num_generations: int | None = setting(2, "Rollouts per prompt.")
 
 
 @dataclass
 class VAPOConfig(PPOConfig):
     """VAPO (arXiv 2504.05118, training details): PPO plus VAPO's changes (docs/algorithms.md)."""
 
-    lambda_critic: float = field(default=1.0, metadata={"help": "Decoupled GAE: lambda 1 for the critic."})
-    length_adaptive_alpha: float | None = field(default=0.05, metadata={"help": "Length-adaptive GAE alpha."})
-    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip range (clip-higher)."})
-    loss_type: str = field(default="dapo", metadata={"help": "Token-level loss."})
-    positive_lm_coef: float = field(default=0.1, metadata={"help": "mu of the positive-example LM loss."})
-    value_warmup_steps: int = field(default=50, metadata={"help": "Critic-only steps at the start."})
-    num_generations: int | None = field(default=16, metadata={"help": "Rollouts per prompt (group sampling)."})
+    lambda_critic: float = setting(1.0, "Decoupled GAE: lambda 1 for the critic.")
+    length_adaptive_alpha: float | None = setting(0.05, "Length-adaptive GAE alpha.")
+    epsilon_high: float | None = setting(0.28, "Upper clip range (clip-higher).")
+    loss_type: str = setting("dapo", "Token-level loss.")
+    positive_lm_coef: float = setting(0.1, "mu of the positive-example LM loss.")
+    value_warmup_steps: int = setting(50, "Critic-only steps at the start.")
+    num_generations: int | None = setting(16, "Rollouts per prompt (group sampling).")
 
 
 class AsyPPOTrainer(AdvantageTrainer):
@@ -200,8 +171,8 @@ class AsyPPOTrainer(AdvantageTrainer):
         embeddings = self.critics.critics[0].get_input_embeddings().num_embeddings
         if embeddings < len(self.processing_class):
             raise ValueError(
-                f"critic_model {self.critics.model_path!r} has {embeddings} token embeddings but the actor's tokenizer "
-                f"has {len(self.processing_class)} tokens: the critic must share the actor's tokenizer"
+                f"critic_model {self.critics.model_path!r} has {embeddings} token embeddings but the actor's "
+                f"tokenizer has {len(self.processing_class)} tokens: the critic must share the actor's tokenizer"
             )
         self._loss_forward = None
         self.critic_history: list[dict] = []  # one record per generation round
@@ -276,7 +247,8 @@ class AsyPPOTrainer(AdvantageTrainer):
         g_adv = torch.where(low, torch.zeros_like(g_adv), g_adv)
         g_targets = gather_padded(self.accelerator, targets)
         record = self._log_critic_round(g_mask, g_std, low, high, gather_padded(self.accelerator, prior_value),
-                                        gather_padded(self.accelerator, value), g_targets, g_adv, rewards.float(), raw_std)
+                                        gather_padded(self.accelerator, value), g_targets, g_adv, rewards.float(),
+                                        raw_std)
         record["value_loss"] = fit["value_loss"]
         self.critic_history.append(record)
 
@@ -294,7 +266,8 @@ class AsyPPOTrainer(AdvantageTrainer):
     def _log_advantages(self, advantages, completion_mask) -> None:
         # The base class gathers advantages[mask], whose length differs between ranks (a
         # collective size mismatch under several processes); gather the padded (B, T) instead.
-        values = gather_padded(self.accelerator, advantages)[gather_padded(self.accelerator, completion_mask).bool()].float()
+        values = gather_padded(self.accelerator, advantages)
+        values = values[gather_padded(self.accelerator, completion_mask).bool()].float()
         self._metrics["train"]["advantages/mean"].append(values.mean().item())
         self._metrics["train"]["advantages/std"].append(values.std().item() if values.numel() > 1 else 0.0)
 
@@ -317,7 +290,7 @@ class AsyPPOTrainer(AdvantageTrainer):
             "explained_variance_first_token": estimators.explained_variance(value[:, :1], targets[:, :1], mask[:, :1]),
             "explained_variance_prior_first_token": estimators.explained_variance(
                 prior_value[:, :1], targets[:, :1], mask[:, :1]),
-            "mc_sign_agreement": estimators.sign_agreement(advantages, mc_advantage.unsqueeze(1).expand_as(mask), mask),
+            "mc_sign_agreement": estimators.sign_agreement(advantages, mc_advantage[:, None].expand_as(mask), mask),
             "value_mean": value[valid].mean().item(),
             "return_mean": targets[valid].mean().item(),
             "advantage_raw_std": raw_std,

@@ -74,6 +74,21 @@ class Signal:
     run_mean: Callable[[list[dict]], float | None] | None = None
 
 
+def setting(default, help: str):
+    """A config field with its help text, which `poise` and TRL's argument parser show."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class DAPOLoss:
+    """Config mixin: TRL's loss fields at DAPO's values (POISE's reference run uses them too)."""
+
+    epsilon: float = setting(0.2, "Lower clip range.")
+    epsilon_high: float | None = setting(0.28, "Upper clip range (clip-higher).")
+    loss_type: str = setting("dapo", "Token-level loss: a token mean over the batch.")
+    beta: float = setting(0.0, "KL coefficient: no KL term.")
+
+
 def logged(key: str) -> Callable[[dict], float | None]:
     return lambda entry: entry.get(key)
 
@@ -305,8 +320,8 @@ class PromptStream:
         per_batch = prompts_per_process * num_processes
         if size < per_batch:
             raise ValueError(f"the train set has {size} prompts, fewer than one batch of extra prompts ({per_batch})")
-        self.size, self.prompts_per_process, self.num_processes, self.rank = size, prompts_per_process, num_processes, rank
-        self.seed = seed
+        self.size, self.prompts_per_process, self.num_processes = size, prompts_per_process, num_processes
+        self.rank, self.seed = rank, seed
         self._batches = itertools.islice(self._all_batches(), start, None)
 
     def _all_batches(self) -> Iterator[list[int]]:

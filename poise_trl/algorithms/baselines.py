@@ -3,16 +3,12 @@ advantages) and RLOO, each also with training-free process rewards."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trl import GRPOConfig
 
-from poise_trl.algorithms.base import AdvantageTrainer, CountingGRPOTrainer, register_algorithm
-from poise_trl.algorithms.process_rewards import (
-    PROCESS_REWARDS_HELP,
-    ProcessRewardArguments,
-    ProcessRewardMixin,
-)
+from poise_trl.algorithms.base import AdvantageTrainer, CountingGRPOTrainer, register_algorithm, setting
+from poise_trl.algorithms.process_rewards import ProcessRewardMixin, ProcessRewardsOn
 from poise_trl.core import estimators
 
 
@@ -21,7 +17,7 @@ class RLOOConfig(GRPOConfig):
     """GRPO settings; the advantage is r_i minus the mean reward of the other rollouts of
     the prompt, with no std scaling (Kool et al. 2019; TRL's RLOO default)."""
 
-    scale_rewards: str = field(default="none", metadata={"help": "No std division of the advantages."})
+    scale_rewards: str = setting("none", "No std division of the advantages.")
 
 
 class RLOOTrainer(AdvantageTrainer):
@@ -33,10 +29,8 @@ class RLOOTrainer(AdvantageTrainer):
 
 
 @dataclass
-class GRPOProcessConfig(ProcessRewardArguments, GRPOConfig):
+class GRPOProcessConfig(ProcessRewardsOn, GRPOConfig):
     """GRPOConfig plus the process-reward settings, switched on."""
-
-    process_rewards: bool = field(default=True, metadata={"help": PROCESS_REWARDS_HELP})
 
 
 class GRPOProcessTrainer(ProcessRewardMixin, CountingGRPOTrainer):
@@ -44,10 +38,8 @@ class GRPOProcessTrainer(ProcessRewardMixin, CountingGRPOTrainer):
 
 
 @dataclass
-class RLOOProcessConfig(ProcessRewardArguments, RLOOConfig):
+class RLOOProcessConfig(ProcessRewardsOn, RLOOConfig):
     """RLOOConfig plus the process-reward settings, switched on."""
-
-    process_rewards: bool = field(default=True, metadata={"help": PROCESS_REWARDS_HELP})
 
 
 class RLOOProcessTrainer(ProcessRewardMixin, RLOOTrainer):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from poise_trl.algorithms.base import RunCallback
-from poise_trl.core.provenance import write_json
+from poise_trl.core.provenance import pyplot, write_json
 
 SERIES = ("explained_variance", "explained_variance_prior", "explained_variance_first_token",
           "explained_variance_prior_first_token", "mc_sign_agreement", "advantage_raw_std", "adv_masked_fraction",
@@ -50,12 +50,7 @@ def critic_report(history: list[dict]) -> dict:
 
 
 def plot_critic_report(report: dict, history: list[dict], path: str | Path) -> None:
-    # matplotlib only where a figure is drawn (it takes a second to import); Agg before pyplot loads
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     steps = [r["step"] for r in history]
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
     for key, label in (("explained_variance", "values GAE used"), ("explained_variance_prior", "before the fit"),

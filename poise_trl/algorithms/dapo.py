@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from trl import GRPOConfig
 from trl.trainer.utils import pad
 
-from poise_trl.algorithms.base import AdvantageTrainer, PromptStream, Signal, register_algorithm
+from poise_trl.algorithms.base import AdvantageTrainer, DAPOLoss, PromptStream, Signal, register_algorithm, setting
 from poise_trl.core import estimators
 from poise_trl.core.provenance import write_json
 
@@ -27,39 +27,23 @@ PROMPT_KEYS = ("prompt_ids", "prompt_mask")  # left-padded; every other (B, W) t
 
 
 @dataclass
-class DAPOConfig(GRPOConfig):
+class DAPOConfig(DAPOLoss, GRPOConfig):
     """GRPOConfig plus DAPO's dynamic sampling and overlong reward shaping."""
 
-    dynamic_sampling: bool = field(
-        default=True,
-        metadata={"help": "Drop groups that are all correct or all wrong (DAPO Eq. 11) and generate more prompts "
-                          "instead."},
-    )
-    max_generation_rounds: int = field(
-        default=4, metadata={"help": "Cap on generation rounds per batch (1 = no extra rounds)."}
-    )
-    dynamic_sampling_fill: str = field(
-        default="drop",
-        metadata={"help": "When the cap is hit short of kept groups: 'drop' (train on the kept groups only, the "
-                          "others get zero loss weight) or 'zero_variance' (train on dropped groups too, GRPO-like)."},
-    )
-    correct_reward_threshold: float = field(
-        default=1.0,
-        metadata={"help": "A rollout is correct for the dynamic-sampling filter when the FIRST reward function "
-                          "(the verifier, e.g. math_accuracy) gives at least this."},
-    )
-    overlong_buffer_length: int | None = field(
-        default=None,
-        metadata={"help": "L_cache of DAPO's soft overlong punishment: the last this many tokens before "
-                          "max_completion_length are penalized linearly. None: max_completion_length // 5 (DAPO's "
-                          "4096 of 20480); 0: off."},
-    )
-    overlong_penalty_factor: float = field(default=1.0, metadata={"help": "Penalty at max_completion_length."})
-    # TRL's fields, at DAPO's values: clip-higher 0.2/0.28, token-level loss, no KL.
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range."})
-    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip range (clip-higher)."})
-    loss_type: str = field(default="dapo", metadata={"help": "Token-level loss."})
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient: no KL term."})
+    dynamic_sampling: bool = setting(True, "Drop groups that are all correct or all wrong (DAPO Eq. 11) and generate "
+                                           "more prompts instead.")
+    max_generation_rounds: int = setting(4, "Cap on generation rounds per batch (1 = no extra rounds).")
+    dynamic_sampling_fill: str = setting("drop", "When the cap is hit short of kept groups: 'drop' (train on the "
+                                                 "kept groups only, the others get zero loss weight) or "
+                                                 "'zero_variance' (train on dropped groups too, GRPO-like).")
+    correct_reward_threshold: float = setting(1.0, "A rollout is correct for the dynamic-sampling filter when the "
+                                                   "FIRST reward function (the verifier, e.g. math_accuracy) gives "
+                                                   "at least this.")
+    overlong_buffer_length: int | None = setting(None, "L_cache of DAPO's soft overlong punishment: the last this "
+                                                       "many tokens before max_completion_length are penalized "
+                                                       "linearly. None: max_completion_length // 5 (DAPO's 4096 of "
+                                                       "20480); 0: off.")
+    overlong_penalty_factor: float = setting(1.0, "Penalty at max_completion_length.")
 
     def __post_init__(self):
         super().__post_init__()
@@ -70,7 +54,8 @@ class DAPOConfig(GRPOConfig):
         if self.overlong_buffer_length is None:
             self.overlong_buffer_length = self.max_completion_length // 5
         if not 0 <= self.overlong_buffer_length <= self.max_completion_length:
-            raise ValueError(f"overlong_buffer_length must be in [0, max_completion_length], got {self.overlong_buffer_length}")
+            raise ValueError("overlong_buffer_length must be in [0, max_completion_length], got "
+                             f"{self.overlong_buffer_length}")
 
 
 # --- Selection logic (pure) ------------------------------------------------------------
@@ -134,7 +119,8 @@ class DAPOTrainer(AdvantageTrainer):
         if self.args.dynamic_sampling and not (
             hasattr(self.train_dataset, "__getitem__") and hasattr(self.train_dataset, "__len__")
         ):
-            raise ValueError("DAPO's dynamic sampling draws extra prompts by index: it needs a map-style train dataset")
+            raise ValueError("DAPO's dynamic sampling draws extra prompts by index: it needs a map-style train "
+                             "dataset")
         self._extra_prompts = None
         self.extra_batches_drawn = 0  # position of the extra-prompt stream, saved with checkpoints
         self._round_correct = None
@@ -192,7 +178,8 @@ class DAPOTrainer(AdvantageTrainer):
             tool_mask = merged.get("tool_mask")
             tool_mask = torch.ones_like(merged["completion_mask"]) if tool_mask is None else tool_mask
             merged["tool_mask"] = tool_mask * weight.unsqueeze(1).to(tool_mask.dtype)
-        loss_mask = merged["completion_mask"] if merged.get("tool_mask") is None else merged["completion_mask"] * merged["tool_mask"]
+        tool_mask = merged.get("tool_mask")
+        loss_mask = merged["completion_mask"] if tool_mask is None else merged["completion_mask"] * tool_mask
         merged["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._log_dynamic_sampling(so_far, plans, target, len(outputs))
         return merged
@@ -271,9 +258,8 @@ def zero_signal_groups(entry: dict) -> float | None:
     return (generated - entry["dapo/informative_groups"]) / generated if generated else None
 
 
-register_algorithm("dapo", DAPOConfig, DAPOTrainer, "DAPO",
-                   "DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling",
-                   card="DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling",
+DAPO_LINE = "DAPO: clip-higher, token-level loss, overlong shaping, dynamic sampling"
+register_algorithm("dapo", DAPOConfig, DAPOTrainer, "DAPO", DAPO_LINE, card=DAPO_LINE,
                    signals={"dapo/dropped_fraction": Signal("DAPO dropped-group fraction", "DAPO dropped",
                                                             dropped_fraction),
                             "zero_signal_fraction": Signal("zero-signal groups", "zero-signal",

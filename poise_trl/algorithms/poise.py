@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,22 +23,20 @@ from trl.trainer.utils import pad
 from poise_trl.algorithms.base import (
     AdvantageTrainer,
     CompareTable,
+    DAPOLoss,
     PromptStream,
     RunCallback,
     Signal,
     checkpoint_folder,
     logged,
     register_algorithm,
+    setting,
 )
-from poise_trl.algorithms.process_rewards import (
-    PROCESS_REWARDS_HELP,
-    ProcessRewardArguments,
-    ProcessRewardMixin,
-)
+from poise_trl.algorithms.process_rewards import ProcessRewardMixin, ProcessRewardsOn
 from poise_trl.core import estimators
 from poise_trl.core.distributed import summed_over_processes
 from poise_trl.core.metrics import calibration_bins, mean_or_none
-from poise_trl.core.provenance import package_versions, write_json
+from poise_trl.core.provenance import package_versions, pyplot, write_json
 from poise_trl.probe.estimator import PROBE_INPUTS, ProbeEstimator, probe_metrics
 from poise_trl.probe.features import (
     CaptureUnavailable,
@@ -57,64 +55,37 @@ SELECTION_STATE_FILE = "poise_selection.json"
 
 
 @dataclass
-class POISEConfig(GRPOConfig):
+class POISEConfig(DAPOLoss, GRPOConfig):
     """GRPOConfig plus the POISE probe; RL defaults follow the reference run (docs/algorithms.md)."""
 
-    num_generations: int | None = field(default=2, metadata={"help": "Rollouts per prompt (POISE's pair)."})
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range."})
-    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip range (clip-higher)."})
-    loss_type: str = field(default="dapo", metadata={"help": "Token-mean loss over the batch."})
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient: no KL term."})
-    scale_rewards: str = field(default="none", metadata={"help": "No std division of the advantages."})
+    num_generations: int | None = setting(2, "Rollouts per prompt (POISE's pair).")
+    scale_rewards: str = setting("none", "No std division of the advantages.")
 
-    probe_layer: float = field(
-        default=0.55,
-        metadata={"help": "Decoder block whose output feeds the probe: a fraction of depth in (0, 1] "
-                          "(0.55 -> block 19 of Qwen3-4B's 36) or an integer block index."},
-    )
-    probe_pool_tokens: int = field(
-        default=10, metadata={"help": "Hidden states averaged for the prompt and the response vector."}
-    )
-    probe_prompt_components: int = field(default=32, metadata={"help": "PCA dims of the prompt vector."})
-    probe_response_components: int = field(default=64, metadata={"help": "PCA dims of the response vector."})
-    probe_use_pca: bool = field(
-        default=True, metadata={"help": "False: ridge on the standardized raw features (no PCA)."}
-    )
-    probe_ridge_alpha: float = field(default=100.0, metadata={"help": "Ridge penalty (intercept unpenalized)."})
-    probe_buffer_rows: int = field(
-        default=4096, metadata={"help": "FIFO buffer capacity in rows; whole prompt groups are evicted."}
-    )
-    probe_bootstrap_steps: int = field(
-        default=16, metadata={"help": "Generation rounds trained with RLOO while the buffer fills; the "
-                                      "probe is first fit at the end of this round."}
-    )
-    probe_domain_column: str | None = field(
-        default=None, metadata={"help": "Dataset column keying a separate probe + buffer per domain."}
-    )
-    probe_fit: str = field(
-        default="fast",
-        metadata={"help": "PCA of the probe refit: 'fast' (randomized subspace iteration warm-started from "
-                          "the previous step, O(N d k)) or 'exact' (eigh of the d x d scatter, O(d^3))."},
-    )
+    probe_layer: float = setting(0.55, "Decoder block whose output feeds the probe: a fraction of depth in (0, 1] "
+                                       "(0.55 -> block 19 of Qwen3-4B's 36) or an integer block index.")
+    probe_pool_tokens: int = setting(10, "Hidden states averaged for the prompt and the response vector.")
+    probe_prompt_components: int = setting(32, "PCA dims of the prompt vector.")
+    probe_response_components: int = setting(64, "PCA dims of the response vector.")
+    probe_use_pca: bool = setting(True, "False: ridge on the standardized raw features (no PCA).")
+    probe_ridge_alpha: float = setting(100.0, "Ridge penalty (intercept unpenalized).")
+    probe_buffer_rows: int = setting(4096, "FIFO buffer capacity in rows; whole prompt groups are evicted.")
+    probe_bootstrap_steps: int = setting(16, "Generation rounds trained with RLOO while the buffer fills; the probe "
+                                             "is first fit at the end of this round.")
+    probe_domain_column: str | None = setting(None, "Dataset column keying a separate probe + buffer per domain.")
+    probe_fit: str = setting("fast", "PCA of the probe refit: 'fast' (randomized subspace iteration warm-started "
+                                     "from the previous step, O(N d k)) or 'exact' (eigh of the d x d scatter, "
+                                     "O(d^3)).")
 
-    probe_inputs: str = field(
-        default="full",
-        metadata={"help": "What the probe reads: 'full' (prompt + response vectors + entropies, the paper) or "
-                          "'prompt' (the prompt vector alone: a baseline b(x) of the prompt, a control)."},
-    )
-    prompt_selection: bool = field(
-        default=False,
-        metadata={"help": "Probe-guided prompt selection: score a larger pool of prompts with a prompt-only probe "
-                          "and roll out those with the highest predicted p(1-p), plus a random floor."},
-    )
-    prompt_selection_pool: int = field(
-        default=2, metadata={"help": "Candidate prompts scored per prompt rolled out (an integer >= 2)."}
-    )
-    prompt_selection_random_fraction: float = field(
-        default=0.25,
-        metadata={"help": "Share of the rolled-out prompts drawn uniformly from the pool, so that the probe keeps "
-                          "seeing the whole distribution and every prompt stays possible."},
-    )
+    probe_inputs: str = setting("full", "What the probe reads: 'full' (prompt + response vectors + entropies, the "
+                                        "paper) or 'prompt' (the prompt vector alone: a baseline b(x) of the prompt, "
+                                        "a control).")
+    prompt_selection: bool = setting(False, "Probe-guided prompt selection: score a larger pool of prompts with a "
+                                            "prompt-only probe and roll out those with the highest predicted p(1-p), "
+                                            "plus a random floor.")
+    prompt_selection_pool: int = setting(2, "Candidate prompts scored per prompt rolled out (an integer >= 2).")
+    prompt_selection_random_fraction: float = setting(0.25, "Share of the rolled-out prompts drawn uniformly from "
+                                                            "the pool, so that the probe keeps seeing the whole "
+                                                            "distribution and every prompt stays possible.")
 
     def __post_init__(self):
         super().__post_init__()
@@ -127,7 +98,8 @@ class POISEConfig(GRPOConfig):
         if self.prompt_selection_pool < 2:
             raise ValueError(f"prompt_selection_pool must be an integer >= 2, got {self.prompt_selection_pool}")
         if not 0.0 <= self.prompt_selection_random_fraction <= 1.0:
-            raise ValueError(f"prompt_selection_random_fraction must be in [0, 1], got {self.prompt_selection_random_fraction}")
+            raise ValueError("prompt_selection_random_fraction must be in [0, 1], got "
+                             f"{self.prompt_selection_random_fraction}")
 
 
 def informativeness(predicted: torch.Tensor) -> torch.Tensor:
@@ -377,9 +349,8 @@ class POISETrainer(AdvantageTrainer):
     def _gather_features(self, features: RolloutFeatures) -> RolloutFeatures:
         if self.accelerator.num_processes == 1:
             return features
-        device = self.accelerator.device
-        gathered = [self.accelerator.gather(t.to(device)).cpu() for t in (features.prompt, features.response, features.entropy)]
-        return RolloutFeatures(*gathered)
+        parts = (features.prompt, features.response, features.entropy)
+        return RolloutFeatures(*[self.accelerator.gather(t.to(self.accelerator.device)).cpu() for t in parts])
 
     # -- advantages -------------------------------------------------------------------------
 
@@ -434,7 +405,7 @@ class POISETrainer(AdvantageTrainer):
         record = {"step": self.state.global_step, "probe_active": bool(available.any())}
         if available.any():
             targets = estimators.leave_one_out_targets(rewards, group_size)
-            online = probe_metrics(predictions[available], targets[available], rewards[available], baselines[available])
+            online = probe_metrics(*(t[available] for t in (predictions, targets, rewards, baselines)))
             for name, value in online.items():
                 metrics[f"probe/{name}"].append(value)
             record.update(online, predictions=predictions[available].tolist(), targets=targets[available].tolist())
@@ -537,12 +508,7 @@ class ProbeReport(RunCallback):
 
 
 def plot_predicted_vs_realized(calibration: list[dict], records: list[dict], path) -> None:
-    # matplotlib only where a figure is drawn (it takes a second to import); Agg before pyplot loads
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     xs = [c["mean_predicted"] for c in calibration]
     ys = [c["mean_realized"] for c in calibration]
@@ -565,10 +531,8 @@ def plot_predicted_vs_realized(calibration: list[dict], records: list[dict], pat
 
 
 @dataclass
-class POISEProcessConfig(ProcessRewardArguments, POISEConfig):
+class POISEProcessConfig(ProcessRewardsOn, POISEConfig):
     """POISEConfig plus the process-reward settings, switched on."""
-
-    process_rewards: bool = field(default=True, metadata={"help": PROCESS_REWARDS_HELP})
 
 
 class POISEProcessTrainer(ProcessRewardMixin, POISETrainer):

@@ -17,12 +17,14 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad
 
+from poise_trl.algorithms.base import setting
 from poise_trl.core import estimators
 from poise_trl.core.distributed import gather_padded
 from poise_trl.tasks.math_grader import answer_to_str
 
 # process-rewards post, "Episode Segmentation" (its list goes on: "... more markers"), plus paragraph breaks.
-DEFAULT_MARKERS = ["\n\n", "Wait", "Alternatively", "Actually", "Hmm", "So ", "But ", "Therefore", "Let me ", "I need to "]
+DEFAULT_MARKERS = ["\n\n", "Wait", "Alternatively", "Actually", "Hmm", "So ", "But ", "Therefore", "Let me ",
+                   "I need to "]
 THINK_END = "</think>"
 
 # --- Pure functions --------------------------------------------------------------------
@@ -140,34 +142,25 @@ PROCESS_REWARDS_HELP = "Add training-free process rewards to the outcome advanta
 class ProcessRewardArguments:
     """Config mixin: `class MyConfig(ProcessRewardArguments, GRPOConfig)`."""
 
-    process_rewards: bool = field(default=False, metadata={"help": PROCESS_REWARDS_HELP})
+    process_rewards: bool = setting(False, PROCESS_REWARDS_HELP)
     process_reward_markers: list[str] = field(
         default_factory=lambda: list(DEFAULT_MARKERS),
         metadata={"help": "Episode markers: whitespace-only ones end an episode, word markers start one."},
     )
-    process_reward_max_episode_tokens: int = field(
-        default=256, metadata={"help": "Token-length fallback: longer episodes are cut every this many tokens."}
-    )
-    process_reward_max_episodes: int = field(
-        default=16,
-        metadata={"help": "Most boundaries (V evaluations beyond the prompt's) per completion; evenly thinned."},
-    )
-    process_reward_force_prompt: str = field(
-        default="\n</think>\n\\boxed{",
-        metadata={"help": "Appended to each prefix before the gold answer (must match the chat format)."},
-    )
-    process_reward_answer_column: str = field(default="answer", metadata={"help": "Dataset column with the gold answer."})
-    process_reward_coef: float = field(
-        default=1.0, metadata={"help": "Weight of the normalized process advantage added to the outcome advantage."}
-    )
-    process_reward_norm: str = field(
-        default="group",
-        metadata={"help": "'group': normalize process rewards within each prompt group (as the post does); "
-                          "'batch': over the whole global batch (REINFORCE++'s global normalization)."},
-    )
-    process_reward_batch_size: int | None = field(
-        default=None, metadata={"help": "Sequences per V forward pass (default: per_device_train_batch_size)."}
-    )
+    process_reward_max_episode_tokens: int = setting(256, "Token-length fallback: longer episodes are cut every this "
+                                                          "many tokens.")
+    process_reward_max_episodes: int = setting(16, "Most boundaries (V evaluations beyond the prompt's) per "
+                                                   "completion; evenly thinned.")
+    process_reward_force_prompt: str = setting(
+        "\n</think>\n\\boxed{", "Appended to each prefix before the gold answer (must match the chat format).")
+    process_reward_answer_column: str = setting("answer", "Dataset column with the gold answer.")
+    process_reward_coef: float = setting(1.0, "Weight of the normalized process advantage added to the outcome "
+                                              "advantage.")
+    process_reward_norm: str = setting("group", "'group': normalize process rewards within each prompt group (as the "
+                                                "post does); 'batch': over the whole global batch (REINFORCE++'s "
+                                                "global normalization).")
+    process_reward_batch_size: int | None = setting(None, "Sequences per V forward pass (default: "
+                                                          "per_device_train_batch_size).")
 
     def __post_init__(self):
         if isinstance(self.process_reward_markers, str):
@@ -181,6 +174,13 @@ class ProcessRewardArguments:
         if self.process_reward_coef < 0:
             raise ValueError(f"process_reward_coef must be >= 0, got {self.process_reward_coef}")
         super().__post_init__()
+
+
+@dataclass
+class ProcessRewardsOn(ProcessRewardArguments):
+    """The process-reward settings, switched on: the config mixin of each `<algo>_process` twin."""
+
+    process_rewards: bool = setting(True, PROCESS_REWARDS_HELP)
 
 
 class ProcessRewardMixin:

@@ -7,13 +7,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
 
-from poise_trl.algorithms.base import AdvantageTrainer, register_algorithm
+from poise_trl.algorithms.base import AdvantageTrainer, register_algorithm, setting
 from poise_trl.algorithms.process_rewards import ProcessRewardArguments, ProcessRewardMixin
 from poise_trl.core import estimators
 from poise_trl.core.distributed import gather_padded
@@ -26,25 +26,21 @@ class REINFORCEPPConfig(ProcessRewardArguments, GRPOConfig):
     """GRPOConfig plus REINFORCE++'s advantage and KL choices. `beta` is the KL coefficient
     wherever the KL goes (reward for k1, loss for k2/k3)."""
 
-    kl_estimator: str = field(
-        default="k1",
-        metadata={"help": "'k1': -beta * k1 per token inside the reward (Eq. (4)); 'k2': beta * k2 as a "
-                          "loss term (Eq. (8), reverse-KL gradient); 'k3': TRL's own k3 loss term. Off when beta = 0."},
-    )
-    group_baseline: bool = field(
-        default=False,
-        metadata={"help": "Subtract the group-mean reward before global normalization (REINFORCE++ w/ Baseline, "
-                          "Eqs. (6)-(7)); needs num_generations >= 2."},
-    )
+    kl_estimator: str = setting("k1", "'k1': -beta * k1 per token inside the reward (Eq. (4)); 'k2': beta * k2 as a "
+                                      "loss term (Eq. (8), reverse-KL gradient); 'k3': TRL's own k3 loss term. Off "
+                                      "when beta = 0.")
+    group_baseline: bool = setting(False, "Subtract the group-mean reward before global normalization (REINFORCE++ "
+                                          "w/ Baseline, Eqs. (6)-(7)); needs num_generations >= 2.")
     # TRL's fields, at REINFORCE++'s values: a small KL, per-response mean loss.
-    beta: float = field(default=1e-3, metadata={"help": "KL coefficient (k1 in the reward by default)."})
-    loss_type: str = field(default="grpo", metadata={"help": "Per-response mean loss."})
+    beta: float = setting(1e-3, "KL coefficient (k1 in the reward by default).")
+    loss_type: str = setting("grpo", "Per-response mean loss.")
 
     def __post_init__(self):
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
         if self.group_baseline and self.num_generations < 2:
-            raise ValueError("group_baseline (REINFORCE++ w/ Baseline) needs num_generations >= 2 to form a group mean")
+            raise ValueError("group_baseline (REINFORCE++ w/ Baseline) needs num_generations >= 2 to form a group "
+                             "mean")
         if self.kl_estimator == "k1" and self.beta != 0 and self.mask_truncated_completions:
             raise ValueError("kl_estimator='k1' puts the outcome on each completion's last token; "
                              "mask_truncated_completions would leave truncated rows without one")
@@ -67,8 +63,8 @@ class REINFORCEPPBaselineConfig(REINFORCEPPConfig):
     """REINFORCE++ w/ Baseline (Eqs. (6)-(8)): group-mean baseline, then global normalization, with the k2
     KL as a loss term."""
 
-    group_baseline: bool = field(default=True, metadata={"help": "Subtract the group-mean reward first."})
-    kl_estimator: str = field(default="k2", metadata={"help": "beta * k2 as a loss term (Eq. (8))."})
+    group_baseline: bool = setting(True, "Subtract the group-mean reward first.")
+    kl_estimator: str = setting("k2", "beta * k2 as a loss term (Eq. (8)).")
 
 
 class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
@@ -144,7 +140,7 @@ class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
         if self.args.kl_estimator == "k1":
             return loss  # the KL is in the reward (Eq. (4)), not in the loss (REINFORCE++ paper, App. B.1)
         logps, self._captured_logps = self._captured_logps, None
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
         k2 = estimators.kl_k2(logps, inputs["ref_per_token_logps"])  # Eq. (8)
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["kl"].append(self._global_mean(k2.detach(), mask))

@@ -5,27 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+import yaml
 from rich.console import Console
 from rich.table import Table
 
+from poise_trl.cli.errors import fail, user_errors
+from poise_trl.core.loading import check_model_files
+
 console = Console()
-
-
-def _fail(message: str) -> None:
-    from poise_trl.cli.errors import fail
-
-    fail(message)
 
 
 def bench(
     names: list[str] = typer.Argument(
         None, metavar="BENCH", help="Benchmarks: aime24 aime25 aime26 amc23 amc24 hmmt25 brumo25 math-500 toy-arith, "
-        "a task (humaneval, bfcl, ifeval, reasoning-gym:NAME; scored by its own verifier), a registered dataset, a local file or folder (json/jsonl/parquet/csv/save_to_disk, any schema the loader "
-        "reads), a hub id, or any name given with --data-file (with --compare: two result folders). All registered "
-        "benchmarks but toy-arith download from the Hugging Face Hub: offline, give --data-file NAME=FILE."
+        "a task (humaneval, bfcl, ifeval, reasoning-gym:NAME; scored by its own verifier), a registered dataset, a "
+        "local file or folder (json/jsonl/parquet/csv/save_to_disk, any schema the loader reads), a hub id, or any "
+        "name given with --data-file (with --compare: two result folders). All registered benchmarks but toy-arith "
+        "download from the Hugging Face Hub: offline, give --data-file NAME=FILE."
     ),
     model: str = typer.Option(
-        None, "--model", "-m", help="Local model folder or hub id (with a chat template). Required, except with --compare."
+        None, "--model", "-m", help="Local model folder or hub id (with a chat template); needed but with --compare."
     ),
     preset: str = typer.Option(
         None, "--preset", help="A published protocol: poise (the paper's seven math sets, Avg@32, T=0.6, top-p 0.95, "
@@ -37,7 +36,7 @@ def bench(
     max_new_tokens: int = typer.Option(
         None, "--max-new-tokens", help="Token budget per response (default: the benchmark's, 32768; toy-arith 96)."
     ),
-    output_dir: Path = typer.Option(Path("runs/bench"), "--output-dir", "-o", help="Where samples and summary.json go."),
+    output_dir: Path = typer.Option(Path("runs/bench"), "--output-dir", "-o", help="Samples and summary.json."),
     data_file: list[str] = typer.Option(
         None, "--data-file", help="Local copy of a benchmark: NAME=FILE, or FILE for each benchmark in the order "
         "they are named. An unregistered NAME with --data-file is run under that name."
@@ -74,7 +73,6 @@ def bench(
     interrupted run. Writes
     summary.json, EvalScope reports (OUTPUT_DIR/reports/MODEL/BENCH.json) and lighteval's results layout
     (OUTPUT_DIR/results_lighteval.json)."""
-    from poise_trl.cli.errors import user_errors
     from poise_trl.evaluation import bench as lib
     from poise_trl.evaluation.bench_data import BenchError, DataRequest
     from poise_trl.evaluation.bench_reports import compare_results, eval_results, model_id
@@ -89,8 +87,6 @@ def bench(
             return
         if not model:
             raise BenchError("give the model to evaluate with --model (a local folder or a hub id)")
-        from poise_trl.core.loading import check_model_files
-
         check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before any engine starts
         columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
         summary = lib.run_benchmarks(
@@ -106,7 +102,7 @@ def bench(
 
             push_bench_results(push_to_hub, eval_results(summary), model_id(summary["model"]))
     except user_errors() as exc:  # BenchError, DatasetFormatError, DatasetUnavailableError, HubPushError, ...
-        _fail(str(exc))
+        fail(str(exc))
         return
     except KeyboardInterrupt:
         console.print("interrupted: the graded samples are saved; run the same command again to finish")
@@ -118,8 +114,6 @@ def bench(
 
 def parse_key_values(items: list[str], option: str) -> dict | None:
     """KEY=VALUE items -> {KEY: VALUE read as YAML}, or None without items."""
-    import yaml
-
     from poise_trl.evaluation.bench_data import BenchError
 
     pairs = {}
@@ -196,8 +190,9 @@ def _print_comparison(rows: list[dict], notes: list[str], folder_a: str, folder_
         table.add_column(column, justify="left" if column in ("benchmark", "score") else "right")
     for row in rows:
         table.add_row(
-            row["benchmark"], {"avg": "Avg@n", "maj": "maj@n"}.get(row["score"], row["score"]), f"{row['a']:.3f}", f"{row['b']:.3f}", f"{row['diff']:+.3f}",
-            f"{2 * row['se_diff']:.3f}", "[bold]yes[/]" if row["significant"] else "no",
+            row["benchmark"], {"avg": "Avg@n", "maj": "maj@n"}.get(row["score"], row["score"]), f"{row['a']:.3f}",
+            f"{row['b']:.3f}", f"{row['diff']:+.3f}", f"{2 * row['se_diff']:.3f}",
+            "[bold]yes[/]" if row["significant"] else "no",
         )
     console.print(table)
     for note in notes:

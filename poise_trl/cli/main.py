@@ -15,7 +15,12 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
+from poise_trl.cli.bench import bench
+from poise_trl.cli.compare import compare
 from poise_trl.cli.errors import console, fail, user_errors
+from poise_trl.cli.grade import grade
+from poise_trl.cli.plan import plan
+from poise_trl.cli.probe_eval import probe_eval
 from poise_trl.core.loading import BUNDLED_DATA
 
 # Warnings from third-party code that we cannot change, silenced by their text, each with its reason
@@ -59,7 +64,8 @@ class OneLineErrors(TidyHelp, TyperGroup):
                 sys.exit(0)
             where = f" (see {exc.ctx.command_path} --help)" if getattr(exc, "ctx", None) else ""
             message = " ".join(exc.format_message().split())
-            Console(stderr=True).print(f"[bold red]error:[/] {escape(message + where)}", highlight=False, soft_wrap=True)
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(message + where)}", highlight=False,
+                                       soft_wrap=True)
             sys.exit(exc.exit_code)
         except typer.Abort:
             Console(stderr=True).print("[bold red]error:[/] aborted", highlight=False)
@@ -123,7 +129,8 @@ def train(
     table.add_column("value", justify="right")
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
     table.add_row("held-out accuracy, start", fmt(summary["start_heldout_accuracy"]))
-    table.add_row("held-out accuracy, end", f"{fmt(summary['final_heldout_accuracy'])} ± {fmt(summary['final_heldout_stderr'])}")
+    end, stderr = fmt(summary["final_heldout_accuracy"]), fmt(summary["final_heldout_stderr"])
+    table.add_row("held-out accuracy, end", f"{end} ± {stderr}")
     table.add_row("steps", str(summary["steps"]))
     table.add_row("generated completion tokens", f"{summary['generated_tokens']:,}")
     if summary["budget"]:
@@ -216,12 +223,6 @@ def toy_build_critic(
 
 
 def _register_commands() -> None:
-    from poise_trl.cli.bench import bench
-    from poise_trl.cli.compare import compare
-    from poise_trl.cli.grade import grade
-    from poise_trl.cli.plan import plan
-    from poise_trl.cli.probe_eval import probe_eval
-
     app.command("bench")(bench)
     app.command("probe-eval")(probe_eval)
     app.command("compare")(compare)

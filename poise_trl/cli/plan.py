@@ -8,6 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from poise_trl.cli.errors import fail, user_errors
+
 console = Console()
 
 
@@ -23,7 +25,6 @@ def plan(
 ):
     """Per-GPU memory of a recipe from the model's config alone (weights are never downloaded):
     weights, gradients, AdamW state, activations, LM head, vLLM, critics; fits or which change makes it fit."""
-    from poise_trl.cli.errors import fail, user_errors
     from poise_trl.run.plan import GIB, Sharding, parse_memory, plan_recipe, sharding_from_accelerate_config
     from poise_trl.run.recipe import load_recipe, parse_recipe
 
@@ -36,8 +37,8 @@ def plan(
     except user_errors() as exc:
         fail(str(exc))
         return
-    table = Table(title=f"poise plan: {spec.get('algo', 'grpo')} with {result.model} "
-                        f"({result.parameters / 1e9:.2f}B params, {result.tokens_per_micro_batch:,} tokens per micro-batch)")
+    table = Table(title=f"poise plan: {spec.get('algo', 'grpo')} with {result.model} ({result.parameters / 1e9:.2f}B "
+                        f"params, {result.tokens_per_micro_batch:,} tokens per micro-batch)")
     table.add_column("item")
     table.add_column("GiB per GPU", justify="right")
     table.add_column("how")

@@ -10,6 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from poise_trl.cli.errors import fail, user_errors
+from poise_trl.core.loading import check_model_files
+
 console = Console()
 _ROWS = {
     "probe": "POISE probe",
@@ -21,20 +24,21 @@ _ROWS = {
 
 
 def probe_eval(
-    model: str = typer.Option(
-        None, "--model", "-m", help="Policy: a local folder or hub id (with a chat template). Required."
-    ),
+    model: str = typer.Option(None, "--model", "-m", help="Policy: a local folder or hub id (with a chat template). "
+                              "Required."),
     dataset: str = typer.Option(
-        None, "--dataset", "-d", help="Registered name (toy-arith, math-500, ...), a local json/jsonl/parquet/csv file or folder "
-        "(save_to_disk too), a hub id (math-500 and the other registered math sets come from the hub), a task "
-        "(reasoning-gym:leg_counting), or a task mix: task names joined by + (equal weights, e.g. "
+        None, "--dataset", "-d", help="Registered name (toy-arith, math-500, ...), a local json/jsonl/parquet/csv "
+        "file or folder (save_to_disk too), a hub id (math-500 and the other registered math sets come from the hub), "
+        "a task (reasoning-gym:leg_counting), or a task mix: task names joined by + (equal weights, e.g. "
         "reasoning-gym:chain_sum+bfcl) or a YAML file with a recipe's `dataset:` list (names or {name, "
         "weight, seed, config}; weights share --limit). Tasks use their test rows. Required."
     ),
     split: str = typer.Option(None, help="Split (default: a registered dataset's held-out split, toy-arith: test; "
                              "a task's or mix's test rows)."),
-    question_column: str = typer.Option(None, "--question-column", help="Column of the questions, when not detected (dotted for nested fields; body+question joins two)."),
-    answer_column: str = typer.Option(None, "--answer-column", help="Column of the gold answers, when not detected (dotted for nested fields, e.g. reward_model.ground_truth)."),
+    question_column: str = typer.Option(None, "--question-column", help="Column of the questions, when not detected "
+                                        "(dotted for nested fields; body+question joins two)."),
+    answer_column: str = typer.Option(None, "--answer-column", help="Column of the gold answers, when not detected "
+                                      "(dotted for nested fields, e.g. reward_model.ground_truth)."),
     limit: int = typer.Option(None, help="Use a random subset of this many prompts (seeded); for a mix, the prompts "
                               "of all its tasks together."),
     prompt_suffix: str = typer.Option(None, "--prompt-suffix", help="Appended to every question."),
@@ -42,22 +46,18 @@ def probe_eval(
     n_samples: int = typer.Option(8, "--n-samples", "-n", help="Rollouts per prompt (Avg@n)."),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature of the rollouts."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling threshold of the rollouts."),
-    max_new_tokens: int = typer.Option(
-        None, "--max-new-tokens", help="Token budget per rollout (default: a `poise bench` benchmark's own, toy-arith 96; else 8192)."
-    ),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="Token budget per rollout (default: a `poise "
+                                       "bench` benchmark's own, toy-arith 96; else 8192)."),
     seed: int = typer.Option(0, help="Sampling seed (also the split's, unless --split-seed)."),
     split_seed: int = typer.Option(None, "--split-seed", help="Seed of the train / held-out prompt split."),
-    heldout_fraction: float = typer.Option(0.3, "--heldout-fraction", help="Fraction of prompts held out for testing."),
+    heldout_fraction: float = typer.Option(0.3, "--heldout-fraction", help="Share of prompts held out for testing."),
     layer: str = typer.Option("0.55", help="Probe layer: block index (int) or depth fraction (float)."),
-    layers: list[str] = typer.Option(
-        None, "--layers", help="Layer sweep, e.g. --layers 0,1,2 or --layers 0.25 --layers 0.55 (default: all blocks up to 8, else 6 depths)."
-    ),
-    prompt_components: int = typer.Option(
-        32, "--prompt-components", help="PCA dims of prompt vectors (at most one per 64 train prompts)."
-    ),
-    response_components: int = typer.Option(
-        64, "--response-components", help="PCA dims of response vectors (at most one per 64 train rollouts)."
-    ),
+    layers: list[str] = typer.Option(None, "--layers", help="Layer sweep, e.g. --layers 0,1,2 or --layers 0.25 "
+                                     "--layers 0.55 (default: all blocks up to 8, else 6 depths)."),
+    prompt_components: int = typer.Option(32, "--prompt-components", help="PCA dims of prompt vectors (at most one "
+                                          "per 64 train prompts)."),
+    response_components: int = typer.Option(64, "--response-components", help="PCA dims of response vectors (at "
+                                            "most one per 64 train rollouts)."),
     ridge_alpha: float = typer.Option(100.0, "--ridge-alpha", help="Ridge penalty of the probe."),
     value_model: str = typer.Option(
         None, "--value-model", help="LM to fine-tune as the value model (default: a copy of --model; same tokenizer)."
@@ -69,9 +69,9 @@ def probe_eval(
     value_lr: float = typer.Option(
         None, "--value-lr", help="Value model learning rate (default: 1e-3 below 10M parameters, else 1e-5)."
     ),
-    value_batch_size: int = typer.Option(16, "--value-batch-size", help="Batch size of the value model's fine-tuning."),
+    value_batch_size: int = typer.Option(16, "--value-batch-size", help="Batch size of the value model's training."),
     batch_size: int = typer.Option(64, "--batch-size", help="Rows per generation / feature batch."),
-    output_dir: Path = typer.Option(Path("runs/probe-eval"), "--output-dir", "-o", help="Report, plots and the cache."),
+    output_dir: Path = typer.Option(Path("runs/probe-eval"), "--output-dir", "-o", help="Report, plots, the cache."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
     engine: str = typer.Option(
         "auto", "--engine", help="What samples the rollouts: auto (vLLM when it imports and runs the model, GPU "
@@ -86,25 +86,21 @@ def probe_eval(
     with a fine-tuned value model, ablated probes and a constant; writes report.json and plots. On a task mix,
     also per task, and a transfer table: the probe fit on one task, scored on each other task.
     """
-    # Imported here, not at the top: `poise --help` and the other commands should not load torch for us.
-    from poise_trl.cli.errors import fail, user_errors
     from poise_trl.evaluation import probe_eval as lib
 
     try:
         if not model or not dataset:
             raise lib.ProbeEvalError("give the policy with --model and the prompts with --dataset")
-        from poise_trl.core.loading import check_model_files
-
         check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before sampling
         main_layer = lib.parse_layers([layer])
         if len(main_layer) != 1:
             raise lib.ProbeEvalError(f"--layer takes one block index or depth fraction, got {layer!r}")
         columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
         settings = lib.ProbeEvalSettings(
-            model=model, dataset=dataset, split=split, columns=columns or None, limit=limit, prompt_suffix=prompt_suffix,
-            system_prompt=system_prompt, n_samples=n_samples, temperature=temperature, top_p=top_p,
-            max_new_tokens=max_new_tokens, seed=seed, split_seed=split_seed, heldout_fraction=heldout_fraction,
-            layer=main_layer[0], layers=lib.parse_layers(layers) if layers else None,
+            model=model, dataset=dataset, split=split, columns=columns or None, limit=limit,
+            prompt_suffix=prompt_suffix, system_prompt=system_prompt, n_samples=n_samples, temperature=temperature,
+            top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, split_seed=split_seed, layer=main_layer[0],
+            heldout_fraction=heldout_fraction, layers=lib.parse_layers(layers) if layers else None,
             prompt_components=prompt_components, response_components=response_components, ridge_alpha=ridge_alpha,
             value_model=value_model, value_target=value_target, value_epochs=value_epochs, value_lr=value_lr,
             value_batch_size=value_batch_size, batch_size=batch_size, output_dir=str(output_dir), engine=engine,
@@ -143,7 +139,7 @@ def _print_report(report: dict, output_dir: Path) -> None:
         sweep.add_column(column, justify="right")
     for row in report["layer_sweep"]:
         m = row["metrics"]
-        sweep.add_row(str(row["block"]), f"{row['depth']:.2f}", _fmt(m["pearson"]), _fmt(m["mae"]), _fmt(m["spearman"]))
+        sweep.add_row(str(row["block"]), f"{row['depth']:.2f}", *(_fmt(m[k]) for k in ("pearson", "mae", "spearman")))
     console.print(sweep)
 
     if report.get("by_task"):
@@ -159,7 +155,8 @@ def _print_report(report: dict, output_dir: Path) -> None:
         f"rollouts {cache['rollouts']}, features computed for blocks {cache['feature_blocks_computed'] or 'none'}, "
         f"value model {cache['value_model']}; mean reward {data['mean_reward']:.3f}, "
         f"{report['timing']['total_seconds']:.1f} s", highlight=False)
-    console.print(f"report: {output_dir / 'report.json'}; plots: {', '.join(report['plots'].values())}", highlight=False)
+    plots = ", ".join(report["plots"].values())
+    console.print(f"report: {output_dir / 'report.json'}; plots: {plots}", highlight=False)
 
 
 _TASK_COLUMNS = {  # estimator -> column label of the per-task table

@@ -46,19 +46,15 @@ def _grouped(rewards: torch.Tensor, group_size: int, min_group_size: int = 1) ->
     if group_size < min_group_size:
         raise ValueError(f"group_size must be >= {min_group_size} here, got {group_size}")
     if rewards.numel() % group_size != 0:
-        raise ValueError(
-            f"batch size {rewards.numel()} is not a multiple of group_size {group_size}: "
-            "rows must come in whole prompt groups (rows 0..G-1 = prompt 0, ...)"
-        )
+        raise ValueError(f"batch size {rewards.numel()} is not a multiple of group_size {group_size}: "
+                         "rows must come in whole prompt groups (rows 0..G-1 = prompt 0, ...)")
     return rewards.view(-1, group_size)
 
 
 def _sibling_mean(values: torch.Tensor, group_size: int) -> torch.Tensor:
     """Each row's mean of the other G-1 rows of its group (gathered: for G=2 the partner, bit-exactly)."""
     grouped = _grouped(values, group_size, min_group_size=2)
-    others = torch.tensor(
-        [[j for j in range(group_size) if j != i] for i in range(group_size)], device=values.device
-    )
+    others = torch.tensor([[j for j in range(group_size) if j != i] for i in range(group_size)], device=values.device)
     return grouped[:, others].mean(dim=-1).reshape(-1)
 
 
@@ -126,9 +122,7 @@ def cross_rollout_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """POISE advantages A = r - b (POISE, Sec. 3.2; no std division); returns (A, b) so b can be logged."""
     if rewards.shape != predictions.shape:
-        raise ValueError(
-            f"rewards {tuple(rewards.shape)} and predictions {tuple(predictions.shape)} differ in shape"
-        )
+        raise ValueError(f"rewards {tuple(rewards.shape)} and predictions {tuple(predictions.shape)} differ in shape")
     baselines = cross_rollout_baselines(predictions, group_size)
     return rewards - baselines, baselines
 
@@ -212,9 +206,7 @@ def gae_advantages(
     if isinstance(lam, torch.Tensor):
         # A (B, 1) lambda would silently broadcast the (B,) recursion to (B, B).
         if lam.shape != rewards.shape[:1]:
-            raise ValueError(
-                f"per-sequence lam must have shape ({rewards.shape[0]},), got {tuple(lam.shape)}"
-            )
+            raise ValueError(f"per-sequence lam must have shape ({rewards.shape[0]},), got {tuple(lam.shape)}")
         lam = lam.to(device=rewards.device, dtype=rewards.dtype)
     advantages = torch.zeros_like(rewards)
     next_value = torch.zeros_like(rewards[:, 0])

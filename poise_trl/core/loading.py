@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from huggingface_hub import constants
+from safetensors import safe_open
 
 
 class RecipeError(ValueError):
@@ -43,7 +44,7 @@ def hub_unreachable(timeout: float = 1.0) -> str | None:
 
 
 def load_tokenizer(model: str):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 (`poise --help` imports this module)
 
     check_model_files(model)
     if not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
@@ -66,8 +67,8 @@ def load_tokenizer(model: str):
 
 def load_causal_lm(model: str):
     """The policy for evaluation (bf16 on a GPU, float32 on a CPU), on the GPU when there is one."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # noqa: PLC0415 (`poise --help` imports this module)
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (`poise --help` imports this module)
 
     check_model_files(model)
     cuda = torch.cuda.is_available()
@@ -83,7 +84,7 @@ def load_causal_lm(model: str):
 def quiet_transformers():
     """transformers' load reports and progress bars off: the tools show their own progress, and a new
     value head is missing from a checkpoint by design."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 (`poise --help` imports this module)
 
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
@@ -98,10 +99,8 @@ def quiet_transformers():
 
 def require_chat_template(tokenizer, model_name: str = "the model") -> None:
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"{model_name} has no chat template, but poise-trl feeds conversational prompts. "
-            "Use an instruct/chat checkpoint or set `tokenizer.chat_template` and save the tokenizer."
-        )
+        raise ValueError(f"{model_name} has no chat template, but poise-trl feeds conversational prompts. "
+                         "Use an instruct/chat checkpoint or set `tokenizer.chat_template` and save the tokenizer.")
 
 
 MODEL_JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -121,13 +120,12 @@ def check_model_files(folder: str | Path) -> None:
             try:
                 json.loads(path.read_text())
             except (ValueError, UnicodeDecodeError):
-                raise RecipeError(f"{path} is not valid JSON (truncated or corrupt): restore or rebuild that file") from None
+                raise RecipeError(f"{path} is not valid JSON (truncated or corrupt): restore or rebuild that "
+                                  "file") from None
     weights = sorted(folder.glob("*.safetensors"))
     if not weights and not any(folder.glob("*.bin")) and (folder / "config.json").is_file():
         raise RecipeError(f"model folder {folder} has a config.json but no weights (*.safetensors): copy the weights "
                           "into it, or give another model")
-    from safetensors import safe_open
-
     for path in weights:
         try:
             with safe_open(str(path), "pt") as handle:

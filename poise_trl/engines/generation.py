@@ -85,7 +85,7 @@ def vllm_import_error() -> str | None:
         return "vLLM is not installed"
     prepare_vllm_environment()
     try:
-        import vllm  # noqa: F401
+        import vllm  # noqa: F401, PLC0415 (optional: `vllm` extra)
     except Exception as exc:  # an import that half works raises anything (RuntimeError, OSError, ...)
         return f"vLLM is installed but does not import ({exc.__class__.__name__}: {str(exc).splitlines()[0][:160]})"
     return None
@@ -101,11 +101,9 @@ def resolve_engine(requested: str = "auto") -> str:
     if problem is None:
         return "vllm"
     if requested == "vllm":
-        raise ValueError(
-            f"vLLM generation was asked for (use_vllm / --engine vllm), but {problem}. Install it "
-            "(docs/install.md: GPU or CPU build) or generate with transformers "
-            "(use_vllm: false / --engine transformers)"
-        )
+        raise ValueError(f"vLLM generation was asked for (use_vllm / --engine vllm), but {problem}. Install it "
+                         "(docs/install.md: GPU or CPU build) or generate with transformers "
+                         "(use_vllm: false / --engine transformers)")
     return "transformers"
 
 
@@ -121,15 +119,14 @@ def keep_cpu_engine_weights_reloadable() -> None:
     """Colocated CPU training: keep linear weights in place (not oneDNN-packed) for TRL's weight sync."""
     if torch.cuda.is_available():
         return
-    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod  # noqa: PLC0415 (optional: `vllm` extra)
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod  # noqa: PLC0415 (optional)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         layer.cpu_linear = torch.nn.functional.linear
 
     UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
     # A tied LM head (the embedding's weight) is packed the same way on load: keep it in place too.
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
     UnquantizedEmbeddingMethod.process_weights_after_loading = process_weights_after_loading
 
 
@@ -151,9 +148,7 @@ def render_prompts(tokenizer, prompts: Sequence[list[dict]], chat_template_kwarg
     """Conversational prompts -> strings with the generation prompt appended (thinking kept on)."""
     require_chat_template(tokenizer)
     return [
-        tokenizer.apply_chat_template(
-            p, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
-        )
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {}))
         for p in prompts
     ]
 
@@ -241,7 +236,7 @@ def vllm_engine(model_path: str, gpu_memory_utilization: float = 0.85):
     """One vLLM engine per model for the process's life (CPU: eager, model dtype); needs a main guard."""
     if model_path not in _ENGINES:
         prepare_vllm_environment()
-        from vllm import LLM
+        from vllm import LLM  # noqa: PLC0415 (optional: `vllm` extra)
 
         kwargs = dict(model=model_path, seed=0)
         if torch.cuda.is_available():
@@ -295,7 +290,7 @@ def sample_vllm(
     prompt_indices: Sequence[int] | None = None,
 ) -> list[Sample]:
     """Same contract as `sample_transformers`, on an `LLM` or a model path; each prompt has its own seed."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # noqa: PLC0415 (optional: `vllm` extra)
 
     llm = vllm_engine(str(engine)) if isinstance(engine, str | Path) else engine
     tokenizer = llm.get_tokenizer()
@@ -448,8 +443,10 @@ def evaluate_accuracy(
         "truncated_fraction": sum(s.truncated for s in samples) / len(samples),
         "engine": engine.kind,
     }
-    if keep_per_prompt:
+    if keep_per_prompt:  # with each prompt's task on a mix, so that `poise compare` can pair them per task
         result["per_prompt"] = [round(p, 4) for p in per_prompt]
+        if "task" in dataset.column_names:
+            result["per_prompt_task"] = [str(task) for task in dataset["task"]]
     for column, key in (("level", "by_level"), ("task", "by_task")):
         if column in dataset.column_names:  # a level groups prompts the way a task does
             result[key] = by_task_means([str(value) for value in dataset[column]], per_prompt)

@@ -4,7 +4,8 @@ there is no GPU, and one error line when the server stops answering.
 `python -m poise_trl.engines.vllm_server --model MODEL --port PORT [vllm serve options]` runs vLLM's
 OpenAI server with `trl vllm-serve`'s additions and this module's worker extension. Without a GPU the
 trainer writes the weights to one safetensors file that every worker reloads (`WeightReload`), so server
-and trainer share a file system. docs/engines.md ("vLLM server mode").
+and trainer share a file system. docs/engines.md ("vLLM server mode"). vLLM's workers import this module
+(for `WeightReload`): TRL and the task registry are imported only where they are used.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file, save_file
+
+from poise_trl.core.loading import resolve_model_path
+
 WEIGHTS_FILE = "model.safetensors"
 RELOAD_METHOD = "reload_weights_from_file"
 
@@ -34,8 +40,6 @@ class WeightReload:
     methods `/collective_rpc` calls to reload weights on a machine without NCCL."""
 
     def reload_weights_from_file(self, path: str) -> None:
-        from safetensors.torch import load_file
-
         # vLLM's reload repacks every layer it loads for the CPU kernels (vLLM's own `reload_weights`).
         self.model_runner.reload_weights(weights_iterator=iter(load_file(path).items()))
         refresh_tied_output_layers(self.model_runner.get_model())
@@ -49,7 +53,7 @@ def refresh_tied_output_layers(model) -> None:
 
     A tied LM head loads nothing of its own, so on a CPU its matmul would keep the old weights packed at load.
     """
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod  # noqa: PLC0415 (optional)
 
     for module in model.modules():
         method = getattr(module, "quant_method", None)
@@ -60,8 +64,8 @@ def refresh_tied_output_layers(model) -> None:
 def file_weight_sync_generation():
     """TRL's `VLLMGeneration` whose server mode, on a machine without CUDA, syncs through a file. Defined on
     demand: TRL's generation modules import vLLM, which a run without it must not need."""
-    from trl.generation.vllm_client import VLLMClient
-    from trl.generation.vllm_generation import VLLMGeneration
+    from trl.generation.vllm_client import VLLMClient  # noqa: PLC0415 (no TRL in vLLM's workers)
+    from trl.generation.vllm_generation import VLLMGeneration  # noqa: PLC0415 (no TRL in vLLM's workers)
 
     class FileSyncVLLMGeneration(VLLMGeneration):
         def _syncs_through_file(self) -> bool:
@@ -101,13 +105,11 @@ def require_weight_reload(client) -> None:
     except Exception as exc:  # 404 without dev mode, 500 without the extension: TRL's client raises Exception
         raise VLLMServerError(
             f"the vLLM server at {client.base_url} cannot take new weights without a GPU ({short_reason(exc)}): "
-            "start it with `python -m poise_trl.engines.vllm_server --model MODEL --port PORT`, which adds poise-trl's "
-            "weight-reload extension") from None
+            "start it with `python -m poise_trl.engines.vllm_server --model MODEL --port PORT`, which adds "
+            "poise-trl's weight-reload extension") from None
 
 
 def push_weights_through_file(client, weights: dict, path: Path) -> None:
-    from safetensors.torch import save_file
-
     save_file(weights, str(path))
     collective_rpc(client, RELOAD_METHOD, str(path))
     client.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
@@ -120,7 +122,7 @@ def server_generation(args):
     if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
         yield
         return
-    import trl.trainer.grpo_trainer as grpo_trainer
+    import trl.trainer.grpo_trainer as grpo_trainer  # noqa: PLC0415 (no TRL in vLLM's workers)
 
     original = grpo_trainer.VLLMGeneration
     grpo_trainer.VLLMGeneration = file_weight_sync_generation()
@@ -138,7 +140,8 @@ def short_reason(exc: BaseException) -> str:
     """The socket error under requests' nested wrappers ("Connection refused"), else the error's first line."""
     text = str(exc)
     found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
-    return found.group(1).strip() if found else f"{exc.__class__.__name__}: {text.splitlines()[0][:160] if text else ''}"
+    first_line = text.splitlines()[0][:160] if text else ""
+    return found.group(1).strip() if found else f"{exc.__class__.__name__}: {first_line}"
 
 
 @contextmanager
@@ -149,7 +152,7 @@ def server_errors(args, rerun_outcome):
     if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
         yield
         return
-    from requests.exceptions import RequestException
+    from requests.exceptions import RequestException  # noqa: PLC0415 (comes with vLLM, not by default)
 
     try:
         yield
@@ -162,11 +165,9 @@ def server_errors(args, rerun_outcome):
 
 def serve_command(model: str, host: str, port: int, extra_args: list[str]) -> list[str]:
     """The server command line: vLLM's OpenAI server with TRL's settings and the weight-reload extension."""
-    import torch
+    from poise_trl.engines import generation  # noqa: PLC0415 (no tasks in vLLM's workers)
 
-    from poise_trl.engines.generation import checkpoint_dtype, vllm_distribution
-
-    distribution = vllm_distribution()
+    distribution = generation.vllm_distribution()
     if distribution is not None and distribution[0] == "vllm":
         entry = ["-m", "vllm.entrypoints.cli.main", "serve", model]
     else:  # the CPU build's `vllm` command fails at start (see the module docstring)
@@ -178,13 +179,12 @@ def serve_command(model: str, host: str, port: int, extra_args: list[str]) -> li
     if torch.cuda.is_available():
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:  # the trainer's dtype, not vLLM's CPU default (bfloat16): the sampler and the learner agree
-        command += ["--dtype", checkpoint_dtype(model)]
+        command += ["--dtype", generation.checkpoint_dtype(model)]
     return command + extra_args
 
 
 def main(argv: list[str] | None = None) -> None:
-    from poise_trl.core.loading import resolve_model_path
-    from poise_trl.engines.generation import prepare_vllm_environment
+    from poise_trl.engines.generation import prepare_vllm_environment  # noqa: PLC0415 (no tasks in vLLM's workers)
 
     parser = argparse.ArgumentParser(
         prog="python -m poise_trl.engines.vllm_server",

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from transformers import AutoConfig
+
 from poise_trl.core.loading import load_tokenizer, resolve_model_path
 from poise_trl.core.progress import progress_bars
 from poise_trl.core.provenance import package_versions, write_json
@@ -52,10 +54,8 @@ def check_settings(bench_dir: Path, settings: dict) -> None:
         differing = [key for key in RESULT_SETTINGS if previous.get(key) != settings[key]]
         if differing:
             changes = ", ".join(f"{key} {previous.get(key)!r} -> {settings[key]!r}" for key in differing)
-            raise BenchError(
-                f"{bench_dir} holds samples made with other settings ({changes}); "
-                "use a new --output-dir, or --overwrite to discard them"
-            )
+            raise BenchError(f"{bench_dir} holds samples made with other settings ({changes}); "
+                             "use a new --output-dir, or --overwrite to discard them")
     else:
         raise BenchError(f"{samples} has no settings.json beside it; use a new --output-dir, or --overwrite")
 
@@ -162,8 +162,6 @@ def capped_budget(model_path: str, dataset, bench_name: str, max_new_tokens: int
     """`max_new_tokens`, capped at what the model's context leaves after the benchmark's longest prompt (chat
     template included), saying so once; as it is where the model's config cannot be read here (a hub id
     offline: the engine then reports it)."""
-    from transformers import AutoConfig
-
     try:
         config = AutoConfig.from_pretrained(model_path).get_text_config()
         context = getattr(config, "max_position_embeddings", None)

@@ -11,12 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poise_trl.tasks import FAMILIES, get_family, is_task, load_prompt_dataset, mix_entry, resolve_dataset
-from poise_trl.tasks.prompts import (
-    DATA_SUFFIXES,
-    DATASETS,
-    DatasetUnavailableError,
-    held_out_split,
-)
+from poise_trl.tasks.prompts import DATA_SUFFIXES, DATASETS, DatasetUnavailableError, held_out_split
 
 REFERENCE_SUFFIX = "Please output the final answer within \\boxed{}."
 
@@ -176,7 +171,8 @@ def resolve_preset(preset: str | None, benchmarks: list[str], **sampling) -> tup
     for key, value in sampling.items():
         if value is not None and value != getattr(fixed, key):
             flag = "--" + key.replace("num_", "n_").replace("_", "-")  # num_samples: --n-samples
-            raise BenchError(f"--preset {preset} fixes {flag} {getattr(fixed, key)}; drop {flag} {value} or the preset")
+            raise BenchError(f"--preset {preset} fixes {flag} {getattr(fixed, key)}; drop {flag} {value} or the "
+                             "preset")
     return benchmarks or list(fixed.benchmarks), {key: getattr(fixed, key) for key in sampling}
 
 

@@ -7,12 +7,12 @@ import json
 import math
 from pathlib import Path
 
+from huggingface_hub import EvalResult
+
 from poise_trl.core.provenance import write_json
 from poise_trl.evaluation.bench_data import RESULT_SETTINGS, BenchError
 from poise_trl.tasks import is_task
-from poise_trl.tasks.prompts import (
-    DATASETS,
-)
+from poise_trl.tasks.prompts import DATASETS
 
 # ------------------------------------------------------------------------------------------- exports
 
@@ -128,8 +128,6 @@ def write_lighteval_results(summary: dict, output_dir: Path) -> Path:
 def eval_results(summary: dict) -> list:
     """The summary as huggingface_hub `EvalResult`s (a model card's model-index): Avg@n, maj@n and pass@n
     of every benchmark. A hub dataset id is the dataset type; other sources go by the benchmark's name."""
-    from huggingface_hub import EvalResult
-
     results = []
     for name, entry in summary["benchmarks"].items():
         settings, metrics = entry["settings"], entry["metrics"]

@@ -17,13 +17,7 @@ from pathlib import Path
 import datasets
 
 from poise_trl.core.provenance import package_versions, write_json, write_text
-from poise_trl.evaluation.bench_data import (
-    ID_COLUMNS,
-    BenchError,
-    DataRequest,
-    data_fingerprint,
-    load_benchmark,
-)
+from poise_trl.evaluation.bench_data import ID_COLUMNS, BenchError, DataRequest, data_fingerprint, load_benchmark
 from poise_trl.evaluation.bench_scores import grade_batch, reward_of
 from poise_trl.tasks import is_task, resolve_dataset
 

@@ -8,15 +8,13 @@ from pathlib import Path
 
 import torch
 
+from poise_trl.core.provenance import pyplot
+
 
 def plot_predictions(path: Path, empirical: torch.Tensor, predictions: dict[str, torch.Tensor],
                      metrics: dict[str, dict], n: int) -> Path:
     """Predicted vs empirical Avg@n per held-out prompt, one panel per estimator."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(predictions), figsize=(4.2 * len(predictions), 4.2), squeeze=False)
     for ax, (name, pred) in zip(axes[0], predictions.items(), strict=True):
         ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
@@ -35,11 +33,7 @@ def plot_predictions(path: Path, empirical: torch.Tensor, predictions: dict[str,
 
 def plot_layer_sweep(path: Path, sweep: list[dict], references: dict[str, dict]) -> Path:
     """Held-out Pearson and MAE of the probe against block depth, with the baselines as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     depths = [s["depth"] for s in sweep]
     for ax, metric in zip(axes, ("pearson", "mae"), strict=True):
@@ -59,15 +53,11 @@ def plot_layer_sweep(path: Path, sweep: list[dict], references: dict[str, dict])
 def plot_transfer(path: Path, transfer: dict, n: int) -> Path:
     """Heatmap of the held-out Pearson of a probe fit on one task (row) and scored on another (column),
     with Pearson and MAE printed in each cell; an undefined Pearson (a constant side) is grey, "n/a"."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     tasks, pearson, mae = transfer["tasks"], transfer["pearson"], transfer["mae"]
     size = 1.6 + 1.3 * len(tasks)
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
-    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="lightgrey")
+    cmap = plt.get_cmap("RdBu").with_extremes(bad="lightgrey")
     values = [[r if r is not None and math.isfinite(r) else math.nan for r in row] for row in pearson]
     image = ax.imshow(values, cmap=cmap, vmin=-1, vmax=1)
     for i, row in enumerate(values):

@@ -19,11 +19,13 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
+import datasets
 import safetensors.torch
 import torch
+from transformers import AutoConfig
 
 from poise_trl.core.estimators import leave_one_out_targets
-from poise_trl.core.loading import load_causal_lm
+from poise_trl.core.loading import load_causal_lm, load_tokenizer
 from poise_trl.core.metrics import auroc, correctness_metrics, paired_bootstrap, value_metrics
 from poise_trl.core.progress import progress_bars
 from poise_trl.core.provenance import package_versions, write_json, write_text
@@ -44,14 +46,7 @@ from poise_trl.evaluation.plots import plot_layer_sweep, plot_predictions, plot_
 from poise_trl.evaluation.value_model import load_value_model, predict_value_model, train_value_model
 from poise_trl.probe.estimator import LinearValueProbe
 from poise_trl.probe.features import RolloutFeatures, extract_features, pad_sequences, resolve_layer_index
-from poise_trl.tasks import (
-    is_task,
-    load_prompt_dataset,
-    mix_entry,
-    resolve_dataset,
-    row_verifiers,
-    score_rows,
-)
+from poise_trl.tasks import is_task, load_prompt_dataset, mix_entry, resolve_dataset, row_verifiers, score_rows
 from poise_trl.tasks.math_grader import answer_to_str
 from poise_trl.tasks.prompts import DATASETS, held_out_split
 
@@ -182,8 +177,6 @@ class Policy:
 
     @cached_property
     def tokenizer(self):
-        from poise_trl.core.loading import load_tokenizer
-
         return load_tokenizer(self.path)
 
     @cached_property
@@ -198,8 +191,6 @@ class Policy:
 
 
 def num_decoder_layers(model_path: str) -> int:
-    from transformers import AutoConfig
-
     try:
         config = AutoConfig.from_pretrained(model_path)
     except (OSError, ValueError) as exc:
@@ -379,8 +370,6 @@ def value_model_predictions(
         record = json.loads(path.read_text())
         return torch.tensor(record["predictions"]), {**record["info"], "cached": True}
     if value_path != policy.path:
-        from poise_trl.core.loading import load_tokenizer
-
         if load_tokenizer(value_path).get_vocab() != policy.tokenizer.get_vocab():
             raise ProbeEvalError(
                 f"--value-model {value_path} has another tokenizer than the policy; it must read the same "
@@ -561,7 +550,8 @@ def check_settings(s: ProbeEvalSettings) -> None:
         problems.append(f"--value-target must be one of {', '.join(VALUE_TARGETS)}")
     if min(s.value_epochs, s.value_batch_size, s.batch_size, s.prompt_components, s.response_components) < 1:
         problems.append("epochs, batch sizes and PCA dims must be >= 1")
-    if (s.value_lr is not None and s.value_lr <= 0) or s.ridge_alpha <= 0 or (s.max_new_tokens is not None and s.max_new_tokens < 1):
+    too_small = (s.value_lr is not None and s.value_lr <= 0) or (s.max_new_tokens is not None and s.max_new_tokens < 1)
+    if too_small or s.ridge_alpha <= 0:
         problems.append("--value-lr and --ridge-alpha must be > 0, --max-new-tokens >= 1")
     if problems:
         raise ProbeEvalError("; ".join(problems))
@@ -581,8 +571,6 @@ def _json_safe(value):
 @contextmanager
 def _quiet_datasets():
     """No `datasets` progress bars while loading: ours follow, and an error should stay one line."""
-    import datasets
-
     enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
@@ -601,7 +589,8 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
     num_layers = num_decoder_layers(model_path)
     # Resolve every layer before any sampling: a bad index fails in a second, not after an hour.
     main_block = resolve_layer_index(num_layers, s.layer)
-    sweep_blocks = list(dict.fromkeys(resolve_layer_index(num_layers, x) for x in (s.layers or default_sweep(num_layers))))
+    asked = s.layers or default_sweep(num_layers)
+    sweep_blocks = list(dict.fromkeys(resolve_layer_index(num_layers, x) for x in asked))
     blocks = sorted({main_block, *sweep_blocks})
 
     # A registered dataset is evaluated on its held-out split (toy-arith: the 200 test problems), a task or

@@ -8,6 +8,7 @@ import math
 from contextlib import nullcontext
 
 import torch
+from transformers import AutoConfig, AutoModelForTokenClassification
 
 from poise_trl.core.loading import RecipeError, quiet_transformers
 from poise_trl.probe.features import pad_sequences
@@ -15,8 +16,6 @@ from poise_trl.probe.features import pad_sequences
 
 def load_value_model(path: str):
     """A float32 LM with a fresh 1-output token head (the critic baseline), on the GPU when there is one."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
-
     try:
         # No dropout on the pooled state: the regression target is already noisy (0/1 rewards).
         config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)

@@ -34,10 +34,8 @@ class RolloutFeatures:
         self.entropy = self.entropy.detach().to("cpu", torch.float32)
         n = self.prompt.shape[0]
         if self.prompt.dim() != 2 or self.response.dim() != 2 or self.response.shape[0] != n:
-            raise ValueError(
-                f"prompt and response must be (B, d) with the same B, got {tuple(self.prompt.shape)} "
-                f"and {tuple(self.response.shape)}"
-            )
+            raise ValueError(f"prompt and response must be (B, d) with the same B, got {tuple(self.prompt.shape)} "
+                             f"and {tuple(self.response.shape)}")
         if tuple(self.entropy.shape) != (n, len(ENTROPY_NAMES)):
             raise ValueError(f"entropy must be ({n}, 3), got {tuple(self.entropy.shape)}")
 
@@ -54,9 +52,7 @@ class RolloutFeatures:
             raise ValueError("RolloutFeatures.cat needs at least one part")
         dims = {(p.prompt.shape[1], p.response.shape[1]) for p in parts}
         if len(dims) > 1:
-            raise ValueError(
-                f"cannot concatenate features of different widths (prompt, response): {sorted(dims)}"
-            )
+            raise ValueError(f"cannot concatenate features of different widths (prompt, response): {sorted(dims)}")
         return cls(
             torch.cat([p.prompt for p in parts]),
             torch.cat([p.response for p in parts]),
@@ -83,10 +79,8 @@ def resolve_layer_index(num_layers: int, layer: int | float) -> int:
             return int(layer) % num_layers
     elif 0.0 < layer <= 1.0:
         return math.ceil(round(float(layer) * num_layers, 9)) - 1
-    raise ValueError(
-        f"layer {layer!r} is out of range for a model with {num_layers} decoder layers: use an int block "
-        f"index in [{-num_layers}, {num_layers - 1}] or a float fraction of depth in (0, 1]"
-    )
+    raise ValueError(f"layer {layer!r} is out of range for a model with {num_layers} decoder layers: use an int block "
+                     f"index in [{-num_layers}, {num_layers - 1}] or a float fraction of depth in (0, 1]")
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -304,9 +298,7 @@ class HiddenStateCapture(ForwardHooks):
         think_end_id: int,
     ) -> None:
         """Arm the capture for the next B rows (drops anything captured and not popped)."""
-        self._positions = pooling_positions(
-            prompt_mask, completion_ids, completion_mask, think_end_id, self.n_pool
-        )
+        self._positions = pooling_positions(prompt_mask, completion_ids, completion_mask, think_end_id, self.n_pool)
         self._width = prompt_mask.shape[1] + completion_ids.shape[1]
         self._cursor = dict.fromkeys(self.layers, 0)
         self._pooled = {layer: [] for layer in self.layers}
@@ -321,10 +313,8 @@ class HiddenStateCapture(ForwardHooks):
             start, rows = self._cursor[layer], hidden.shape[0]
             total = self._positions[0].shape[0]
             if start + rows > total or hidden.shape[1] != self._width:
-                raise RuntimeError(
-                    f"HiddenStateCapture: block {layer} saw rows [{start}, {start + rows}) of width {hidden.shape[1]}, "
-                    f"but set_batch armed {total} rows of width {self._width}"
-                )
+                raise RuntimeError(f"HiddenStateCapture: block {layer} saw rows [{start}, {start + rows}) of width "
+                                   f"{hidden.shape[1]}, but set_batch armed {total} rows of width {self._width}")
             p_idx, p_ok, r_idx, r_ok = (t[start : start + rows] for t in self._positions)
             with torch.no_grad():
                 pooled = (pool_hidden(hidden, p_idx, p_ok).cpu(), pool_hidden(hidden, r_idx, r_ok).cpu())
@@ -418,9 +408,7 @@ def extract_features(
         model.train(was_training)
     entropy = torch.cat(entropies)
     return {
-        layer: build_rollout_features(
-            prompt, response, entropy, completion_ids, completion_mask, think_end_id
-        )
+        layer: build_rollout_features(prompt, response, entropy, completion_ids, completion_mask, think_end_id)
         for layer, (prompt, response) in pooled.items()
     }
 

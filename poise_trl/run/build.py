@@ -17,12 +17,7 @@ from poise_trl.algorithms.base import RunCallback
 from poise_trl.core.loading import check_model_files, hub_unreachable, load_tokenizer, resolve_model_path
 from poise_trl.engines.generation import keep_cpu_engine_weights_reloadable, resolve_engine
 from poise_trl.engines.vllm_server import server_generation
-from poise_trl.run.callbacks import (
-    Budget,
-    CheckpointMarkerCallback,
-    HeldOutEvalCallback,
-    RichProgressCallback,
-)
+from poise_trl.run.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
 from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
 from poise_trl.tasks import is_task, load_prompt_dataset
@@ -33,8 +28,8 @@ from poise_trl.tasks.rewards import check_reward_functions, get_reward_functions
 def build_peft_config(peft: dict | None):
     if not peft:
         return None
-    settings = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear", "task_type": "CAUSAL_LM"}
-    settings.update(peft)
+    settings = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
+                "task_type": "CAUSAL_LM", **peft}
     try:
         return LoraConfig(**settings)
     except TypeError as exc:
@@ -44,7 +39,8 @@ def build_peft_config(peft: dict | None):
 def budget_from(settings: RunSettings) -> Budget | None:
     if settings.budget_tokens is not None and settings.budget_rollouts is not None:
         raise RecipeError("set budget_tokens or budget_rollouts, not both")
-    unit, amount = ("tokens", settings.budget_tokens) if settings.budget_tokens is not None else ("rollouts", settings.budget_rollouts)
+    tokens = settings.budget_tokens is not None
+    unit, amount = ("tokens", settings.budget_tokens) if tokens else ("rollouts", settings.budget_rollouts)
     if amount is None:
         return None
     try:

@@ -20,7 +20,7 @@ import numpy as np
 
 from poise_trl.algorithms import algorithms
 from poise_trl.algorithms.base import CompareTable, Signal, logged
-from poise_trl.core.provenance import package_versions, write_json
+from poise_trl.core.provenance import package_versions, pyplot, write_json
 from poise_trl.run.callbacks import Budget
 from poise_trl.run.recipe import RecipeError, load_recipe, parse_recipe, read_yaml
 from poise_trl.run.run_folder import differing_settings
@@ -123,7 +123,8 @@ def aggregate_curves(curves: list[list[dict]]) -> list[dict]:
             "budget_point": column[0].get("budget_point", 0),
             "accuracy_mean": accuracy, "accuracy_std": accuracy_std,
             "accuracy_min": min(p["accuracy"] for p in column), "accuracy_max": max(p["accuracy"] for p in column),
-            "generated_tokens_mean": tokens, "generated_rollouts_mean": rollouts, "train_seconds_mean": seconds, "train_seconds_std": seconds_std,
+            "generated_tokens_mean": tokens, "generated_rollouts_mean": rollouts,
+            "train_seconds_mean": seconds, "train_seconds_std": seconds_std,
             "seeds": len(column),
         })
     return aggregated
@@ -198,7 +199,8 @@ def run_names(recipe_paths: list[Path]) -> list[str]:
 def plan_runs(recipe_paths: list[Path], seeds: list[int], output_dir: Path) -> list[PlannedRun]:
     """Seed by seed, every recipe within a seed: an interrupted sweep leaves comparable runs."""
     named = list(zip(run_names(recipe_paths), recipe_paths, strict=True))
-    return [PlannedRun(name, path, seed, output_dir / "runs" / name / f"seed{seed}") for seed in seeds for name, path in named]
+    return [PlannedRun(name, path, seed, output_dir / "runs" / name / f"seed{seed}")
+            for seed in seeds for name, path in named]
 
 
 def check_recipes(recipe_paths: list[Path], overrides: list[str]) -> tuple[dict[str, dict], list[str]]:
@@ -212,8 +214,9 @@ def check_recipes(recipe_paths: list[Path], overrides: list[str]) -> tuple[dict[
         except ValueError as exc:
             raise RecipeError(f"{path}: {exc}") from None
         if recipe.get("lr_scheduler_type", "linear") not in ("constant", "constant_with_warmup"):
-            warnings.append(f"{path} uses lr_scheduler_type {recipe.get('lr_scheduler_type', 'linear')!r}, which decays "
-                            "over max_steps; under a budget max_steps is only a cap (--max-steps): the schedule is stretched")
+            schedule = recipe.get("lr_scheduler_type", "linear")
+            warnings.append(f"{path} uses lr_scheduler_type {schedule!r}, which decays over max_steps; under a "
+                            "budget max_steps is only a cap (--max-steps): the schedule is stretched")
         recipes[name] = recipe
     return recipes, warnings
 
@@ -301,7 +304,8 @@ def resolve_target(target: str | None, curves: dict[str, list[dict]]) -> dict | 
     try:
         value = float(target)
     except ValueError:
-        raise CompareError(f"--target {target!r} is neither an accuracy nor one of the runs ({', '.join(curves)})") from None
+        names = ", ".join(curves)
+        raise CompareError(f"--target {target!r} is neither an accuracy nor one of the runs ({names})") from None
     return {"accuracy": value, "reference": None}
 
 
@@ -327,7 +331,8 @@ def summarize_recipe(summaries: list[dict], curves: list[list[dict]], curve: lis
                 record[table.key] = found
         if target is not None:
             accuracies = [p["accuracy"] for p in seed_curve]
-            record["tokens_to_target"] = first_crossing([p["generated_tokens"] for p in seed_curve], accuracies, target)
+            tokens = [p["generated_tokens"] for p in seed_curve]
+            record["tokens_to_target"] = first_crossing(tokens, accuracies, target)
             record["seconds_to_target"] = first_crossing([p["train_seconds"] for p in seed_curve], accuracies, target)
         per_seed.append(record)
 
@@ -384,7 +389,8 @@ def aggregate(runs: list[PlannedRun], budget: Budget, target: str | None, recipe
     curves = {name: aggregate_curves(c) for name, c in seed_curves.items()}
     resolved = resolve_target(target, curves)
     goal = resolved["accuracy"] if resolved else None
-    results = {name: summarize_recipe(ss, seed_curves[name], curves[name], budget, goal) for name, ss in by_name.items()}
+    results = {name: summarize_recipe(ss, seed_curves[name], curves[name], budget, goal)
+               for name, ss in by_name.items()}
     reference = resolved.get("reference") if resolved else None
     if reference is not None:
         ref_seconds = results[reference]["to_target"]["seconds"]
@@ -419,27 +425,38 @@ def curve_weights(points: int) -> np.ndarray:
     return weights / weights.sum()
 
 
-def seed_evaluations(curves: list[list[dict]], length: int) -> list[np.ndarray | None]:
-    """Each seed's first `length` budget points as a [points, prompts] array of per-prompt Avg@k, or None
-    where a run recorded no per-prompt results (runs made before `poise compare` kept them)."""
+def seed_evaluations(curves: list[list[dict]], length: int, task: str | None = None) -> list[np.ndarray | None]:
+    """Each seed's first `length` budget points as a [points, prompts] array of per-prompt Avg@k (only the
+    prompts of `task` when given), or None where a run recorded no per-prompt results."""
     out = []
     for curve in curves:
         rows = [p.get("per_prompt") for p in curve[:length]]
         same_prompts = all(r is not None and len(r) == len(rows[0]) for r in rows)
-        out.append(np.array(rows, dtype=float) if same_prompts else None)
+        values = np.array(rows, dtype=float) if same_prompts else None
+        if values is not None and task is not None:
+            values = values[:, np.array(curve[0]["per_prompt_task"]) == task]
+        out.append(values)
     return out
 
 
+def prompt_tasks(curves: list[list[dict]]) -> list[str]:
+    """The tasks every run's held-out prompts name (a mix's runs record them), in first-seen order."""
+    labels = [p.get("per_prompt_task") for curve in curves for p in curve]
+    return list(dict.fromkeys(labels[0])) if labels and all(labels) else []
+
+
 def paired_difference(first: list[list[dict]], second: list[list[dict]], samples: int = BOOTSTRAP_SAMPLES,
-                      seed: int = 0) -> dict:
+                      seed: int = 0, task: str | None = None) -> dict:
     """Arm `first` minus arm `second` (seed by seed) in final and area-under-curve held-out accuracy.
 
     95% percentile intervals of a bootstrap over seeds and, within a seed, the shared held-out prompts; runs
     without per-prompt results use a normal draw from each evaluation's standard error (`noise` says which).
+    With `task`, on that task's prompts alone; and for a mix, each task's under `by_task`.
     """
     length = min(len(c) for c in [*first, *second])
     weights = curve_weights(length)
-    evaluations = list(zip(seed_evaluations(first, length), seed_evaluations(second, length), strict=True))
+    evaluations = list(zip(seed_evaluations(first, length, task), seed_evaluations(second, length, task),
+                           strict=True))
     by_prompt = all(a is not None and b is not None and a.shape == b.shape for a, b in evaluations)
     rng = np.random.default_rng(seed)
     seeds = len(evaluations)
@@ -466,6 +483,8 @@ def paired_difference(first: list[list[dict]], second: list[list[dict]], samples
         diff = float(per_seed.mean(axis=0) @ column)
         interval = [float(v) for v in np.percentile(boot @ column, [2.5, 97.5])]
         result[key] = {"diff": diff, "ci95": interval, "resolved": interval[0] > 0 or interval[1] < 0}
+    if task is None and by_prompt and (tasks := prompt_tasks([*first, *second])):
+        result["by_task"] = {name: paired_difference(first, second, samples, seed, name) for name in tasks}
     return result
 
 
@@ -497,12 +516,7 @@ def write_outputs(report: dict, output_dir: Path) -> list[Path]:
 
 
 def plot_report(report: dict, output_dir: Path) -> list[Path]:
-    # matplotlib only where a figure is drawn (it takes a second to import); Agg before pyplot loads
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     results = report["results"]
     target = report["target"]
     unit = report["budget"]["unit"]
@@ -519,7 +533,8 @@ def plot_report(report: dict, output_dir: Path) -> list[Path]:
     for ax, xlabel in zip(axes, (f"generated {unit}", "training seconds (optimizer steps)"), strict=True):
         if target:
             ax.axhline(target["accuracy"], color="k", ls="--", lw=1,
-                       label=f"target {target['accuracy']:.3f}" + (f" ({target['reference']} final)" if target["reference"] else ""))
+                       label=f"target {target['accuracy']:.3f}"
+                       + (f" ({target['reference']} final)" if target["reference"] else ""))
         ax.set(xlabel=xlabel, ylabel="held-out accuracy (mean ± std over seeds)")
         ax.legend(fontsize=8)
     axes[0].set_title(f"held-out accuracy vs generated {unit}")
@@ -541,7 +556,8 @@ def plot_report(report: dict, output_dir: Path) -> list[Path]:
                 continue
             xs, ys, ss = zip(*points, strict=True)
             (line,) = ax.plot(xs, ys, "o-", ms=3, label=name)
-            ax.fill_between(xs, [y - s for y, s in zip(ys, ss, strict=True)], [y + s for y, s in zip(ys, ss, strict=True)],
+            ax.fill_between(xs, [y - s for y, s in zip(ys, ss, strict=True)],
+                            [y + s for y, s in zip(ys, ss, strict=True)],
                             color=line.get_color(), alpha=0.15)
             drawn = True
         ax.set(title=title, xlabel=f"generated {unit} (mean per {SIGNAL_BINS}th of the budget)")
@@ -599,6 +615,11 @@ def table_rows(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         header = ["pair", "seeds", "final diff", "final", "area diff", "area", "interval redraws"]
         tables.append(("paired differences of held-out accuracy (95% bootstrap interval; area: mean over "
                        "the budget)", header, differences))
+    per_task = [[pair, task, *interval_cells(t["final"]), *interval_cells(t["area"])]
+                for pair, d in report.get("differences", {}).items() for task, t in d.get("by_task", {}).items()]
+    if per_task:
+        tables.append(("paired differences per task (the same bootstrap, on each task's held-out prompts)",
+                       ["pair", "task", "final diff", "final", "area diff", "area"], per_task))
     for table in compare_tables():
         rows = [[name, *((pm if table.spread else num)(r[table.key][key], *(() if how != "last" else (0,)))
                         for key, (_, how) in table.columns.items()),

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import yaml
+from huggingface_hub import HfApi, metadata_update
+from huggingface_hub.repocard_data import eval_results_to_model_index
 
 from poise_trl.tasks import dataset_label
 
@@ -89,8 +91,6 @@ class HubPushError(RuntimeError):
 def push_final_model(model_dir: str | Path, repo_id: str | None, recipe: dict, summary: dict, api=None,
                      algorithm_line: str | None = None) -> str:
     """Write README.md (the card) and summary.json into `model_dir`, then upload the folder."""
-    from huggingface_hub import HfApi
-
     if not repo_id:
         raise ValueError("pushing to the Hub needs a repository id: set hub_model_id: <user>/<name> in the recipe")
     model_dir = Path(model_dir)
@@ -113,9 +113,6 @@ def push_bench_results(repo_id: str, eval_results: list, model_name: str, update
     """Add `poise bench` results (huggingface_hub `EvalResult`s, see `bench_reports.eval_results`) to the model-index
     of `repo_id`'s card, keeping the card's text and its other results; `update` defaults to
     huggingface_hub's `metadata_update`."""
-    from huggingface_hub import metadata_update
-    from huggingface_hub.repocard_data import eval_results_to_model_index
-
     update = update or metadata_update
     metadata = {"model-index": eval_results_to_model_index(model_name, eval_results)}
     try:

@@ -71,7 +71,8 @@ def sharding_from_accelerate_config(path: str | Path) -> Sharding:
     kind_of = {"NO": "single", "MULTI_GPU": "ddp", "MULTI_CPU": "ddp", "FSDP": "fsdp2", "DEEPSPEED": "zero2"}
     distributed = str(config.get("distributed_type", "NO")).upper()
     if distributed not in kind_of:
-        raise RecipeError(f"{path}: distributed_type {distributed!r} is not planned; use NO, MULTI_GPU, FSDP or DEEPSPEED")
+        raise RecipeError(f"{path}: distributed_type {distributed!r} is not planned; use NO, MULTI_GPU, FSDP or "
+                          "DEEPSPEED")
     kind, offload_optimizer, offload_params = kind_of[distributed], False, False
     if distributed == "FSDP":
         fsdp = config.get("fsdp_config") or {}
@@ -187,7 +188,8 @@ class ModelShape:
 
     def lora_parameters(self, rank: int) -> int:
         """LoRA on every linear of every block (peft's "all-linear"): r x (in + out) per projection."""
-        q, kv, h, f = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.hidden_size, self.intermediate_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        h, f = self.hidden_size, self.intermediate_size
         per_layer = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + f) + (f + h)
         return rank * per_layer * self.num_layers
 
@@ -374,9 +376,10 @@ def build_plan(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: i
         weights = P * load + trainable * 4
         note = f"frozen base {P / 1e9:.2f}B x {load} B + LoRA r={inputs.peft_rank} ({trainable / 1e6:.1f}M, fp32)"
     items.append(PlanItem("weights", int(weights), note))
-    grad_total = trainable * (4 if inputs.peft_rank else grad_bytes) / (n if shard_grads and not inputs.peft_rank else 1)
+    sharded = shard_grads and not inputs.peft_rank
+    grad_total = trainable * (4 if inputs.peft_rank else grad_bytes) / (n if sharded else 1)
     items.append(PlanItem("gradients", int(grad_total), f"{grad_bytes if not inputs.peft_rank else 4} B per trainable "
-                          f"param" + (f" / {n}" if shard_grads and not inputs.peft_rank else "")))
+                          f"param" + (f" / {n}" if sharded else "")))
     optim = trainable * (8 if inputs.peft_rank else optim_bytes) / (n if shard_optim and not inputs.peft_rank else 1)
     optim_note = "AdamW: " + ("fp32 master + 2 moments" if optim_bytes == 12 else f"2 moments x {optim_bytes // 2} B")
     if shard_optim and not inputs.peft_rank:
@@ -413,7 +416,8 @@ def build_plan(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: i
     if device != "cpu":
         if inputs.use_vllm and inputs.vllm_mode == "colocate":
             items.append(PlanItem("vLLM (colocate)", int(inputs.vllm_gpu_memory_utilization * gpu_bytes),
-                                  f"vllm_gpu_memory_utilization {inputs.vllm_gpu_memory_utilization}: weights + KV cache"))
+                                  f"vllm_gpu_memory_utilization {inputs.vllm_gpu_memory_utilization}: weights + KV "
+                                  "cache"))
         items.append(PlanItem("CUDA runtime", CUDA_RUNTIME_BYTES, "context, cuBLAS, NCCL (assumed)"))
     return MemoryPlan(items, gpu_bytes, n, sharding, inputs.model, P, tokens)
 

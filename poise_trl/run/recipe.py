@@ -115,7 +115,8 @@ def apply_override(recipe: dict, key: str, value: Any) -> None:
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise RecipeError(f"recipe file {str(path)!r} not found (recipes live in recipes/, e.g. recipes/toy/grpo.yaml)")
+        raise RecipeError(f"recipe file {str(path)!r} not found (recipes live in recipes/, e.g. "
+                          "recipes/toy/grpo.yaml)")
     try:
         recipe = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -144,9 +145,10 @@ def split_recipe(recipe: dict, algorithm) -> tuple[RunSettings, dict]:
         elif key in config_keys:
             config_kwargs[key] = value
         else:
+            hint = _suggest(key, RUN_KEYS | config_keys)
             raise RecipeError(
-                f"unknown recipe key {key!r} for algo {recipe.get('algo', 'grpo')!r}{_suggest(key, RUN_KEYS | config_keys)} "
-                f"(valid keys: the run settings {sorted(RUN_KEYS)} and the fields of {config_class.__name__})"
+                f"unknown recipe key {key!r} for algo {recipe.get('algo', 'grpo')!r}{hint} (valid keys: the run "
+                f"settings {sorted(RUN_KEYS)} and the fields of {config_class.__name__})"
             )
     check_types(run_kwargs, RunSettings)
     check_types(config_kwargs, config_class)
@@ -211,7 +213,8 @@ def check_types(values: dict, dataclass_type: type) -> None:
         if (key, type(value)) in _ALSO_ALLOWED:
             continue
         if value is not None and key in hints and not _matches(value, hints[key]):
-            raise RecipeError(f"{key}: {value!r} is not {_describe(hints[key])}: give {key} as {_describe(hints[key])}")
+            kind = _describe(hints[key])
+            raise RecipeError(f"{key}: {value!r} is not {kind}: give {key} as {kind}")
 
 
 # key -> (lowest allowed, highest allowed, whether the lowest is excluded)
@@ -226,7 +229,8 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     **dict.fromkeys(("eval_every", "warmup_steps", "beta", "epsilon", "epsilon_high", "weight_decay", "max_grad_norm",
                      "probe_bootstrap_steps", "probe_ridge_alpha", "eval_temperature", "seed", "data_seed"),
                     (0, math.inf, False)),
-    **dict.fromkeys(("top_p", "min_p", "warmup_ratio", "adam_beta1", "adam_beta2", "peft.lora_dropout"), (0, 1, False)),
+    **dict.fromkeys(("top_p", "min_p", "warmup_ratio", "adam_beta1", "adam_beta2", "peft.lora_dropout"),
+                    (0, 1, False)),
     "peft.r": (0, math.inf, True),
 }
 
@@ -347,9 +351,10 @@ def check_batch_geometry(values: dict) -> None:
     steps = values.get("steps_per_generation") or values.get("gradient_accumulation_steps", 1)
     generation_batch = values.get("generation_batch_size") or per_device * steps
     if generation_batch % num_generations:
+        example = num_generations * max(1, per_device // num_generations)
         raise RecipeError(
             f"generation batch size {generation_batch} (per_device_train_batch_size={per_device} x "
             f"steps_per_generation={steps}) is not divisible by num_generations={num_generations}: every prompt needs "
-            f"its {num_generations} rollouts in the same batch. Make per_device_train_batch_size x steps_per_generation "
-            f"a multiple of {num_generations} (e.g. per_device_train_batch_size={num_generations * max(1, per_device // num_generations)})"
+            f"its {num_generations} rollouts in the same batch. Make per_device_train_batch_size x "
+            f"steps_per_generation a multiple of {num_generations} (e.g. per_device_train_batch_size={example})"
         )

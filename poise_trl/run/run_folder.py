@@ -44,7 +44,8 @@ def differing_settings(recorded: dict, wanted: dict) -> list[str]:
     """Recipe keys (dotted for nested ones, e.g. peft.r) whose values differ between the
     recipe a run folder was made with and the one asked for now."""
     old, new = _flatten(recorded), _flatten(wanted)
-    return sorted(k for k in old.keys() | new.keys() if k.split(".")[0] not in NOT_SETTINGS and old.get(k) != new.get(k))
+    keys = old.keys() | new.keys()
+    return sorted(k for k in keys if k.split(".")[0] not in NOT_SETTINGS and old.get(k) != new.get(k))
 
 
 def checkpoint_step(path: Path) -> int:
@@ -113,7 +114,8 @@ def _foreign_entries(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if not any(fnmatch.fnmatch(p.name, pat) for pat in entries))
 
 
-def inspect_run_folder(path: str | Path, recipe: dict, overwrite: bool = False, explicit: str | None = None) -> RunFolder:
+def inspect_run_folder(path: str | Path, recipe: dict, overwrite: bool = False,
+                       explicit: str | None = None) -> RunFolder:
     """Decide what to do with an output folder, reading only. A folder holding another run
     (different settings) or files that are not a run is refused; `overwrite` lets the new run
     replace the old one (never foreign files). `explicit` is a checkpoint folder the user named."""
@@ -165,8 +167,8 @@ def inspect_run_folder(path: str | Path, recipe: dict, overwrite: bool = False, 
             folder.state, folder.checkpoint = "resume", checkpoint
             break
         if problem != "incomplete":
-            raise RecipeError(f"checkpoint {checkpoint.name} is damaged: {problem}. Delete {checkpoint} to resume from "
-                              "the checkpoint before it, or give --overwrite to start over")
+            raise RecipeError(f"checkpoint {checkpoint.name} is damaged: {problem}. Delete {checkpoint} to resume "
+                              "from the checkpoint before it, or give --overwrite to start over")
         folder.warnings.append(f"{checkpoint.name} is incomplete (interrupted while it was written): skipped")
     return folder
 
@@ -178,14 +180,16 @@ def plan_output_dir(args, recipe: dict, overwrite: bool) -> RunFolder:
     explicit = None
     if resume not in (None, False, "", "false", "False", True, "true", "True"):
         if not Path(resume).is_dir():
-            raise RecipeError(f"resume_from_checkpoint: {resume} is not a folder (give a checkpoint-N folder, or true)")
+            raise RecipeError(f"resume_from_checkpoint: {resume} is not a folder (give a checkpoint-N folder, or "
+                              "true)")
         problem = checkpoint_problem(Path(resume))
         if problem not in (None, "incomplete"):  # no marker: a checkpoint from before markers, or the user's own
             raise RecipeError(f"resume_from_checkpoint: {resume} is damaged: {problem}")
         explicit = str(resume)
     folder = inspect_run_folder(args.output_dir, recipe, overwrite=overwrite, explicit=explicit)
     if resume in (True, "true", "True") and folder.state == "new":
-        raise RecipeError(f"resume_from_checkpoint: true, but {args.output_dir} holds no checkpoint to resume from (no complete checkpoint-N folder)")
+        raise RecipeError(f"resume_from_checkpoint: true, but {args.output_dir} holds no checkpoint to resume from "
+                          "(no complete checkpoint-N folder)")
     if resume in (False, "false", "False") and folder.state == "resume":
         raise RecipeError(f"resume_from_checkpoint: false, but {args.output_dir} holds this run's checkpoints: drop "
                           "the key to resume it, or give --overwrite to start over")

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from datasets import Dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoConfig,
@@ -26,23 +27,23 @@ from transformers import (
     Qwen3ForCausalLM,
     Qwen3ForTokenClassification,
 )
+from trl import SFTConfig, SFTTrainer
 
 from poise_trl.core.loading import BUNDLED_DATA
 from poise_trl.core.provenance import package_versions
-from poise_trl.tasks import toy_task
+from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
+from poise_trl.tasks import load_prompt_dataset, task_rows, toy_task
 
 # Qwen3's own chat format, reduced to what the toy needs; `{% generation %}` marks assistant
 # text so TRL's assistant-only loss also works with this tokenizer.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}"
-    "<|im_start|>assistant\n{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}\n"
-    "{% else %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+CHAT_TEMPLATE = ("{% for message in messages %}"
+                 "{% if message['role'] == 'assistant' %}"
+                 "<|im_start|>assistant\n{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}\n"
+                 "{% else %}"
+                 "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+                 "{% endif %}"
+                 "{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
 # Not special: like Qwen3, the think markers survive `skip_special_tokens=True` decoding so
@@ -92,8 +93,6 @@ def build_model(tokenizer, seed: int, hidden_size: int = 128, num_layers: int = 
 
 def sft_dataset(n: int, seed: int, slip_rate: float):
     """Prompt-completion pairs, so SFTTrainer trains on the assistant's answer only."""
-    from datasets import Dataset
-
     rng = random.Random(seed)
     rows = toy_task.generate_problems(n, seed=seed)
     return Dataset.from_list(
@@ -115,15 +114,14 @@ def checked_output_dir(output_dir: str | Path, overwrite: bool) -> Path:
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"{output_dir} is a file: give a folder with --output-dir")
     if not overwrite and any(output_dir.glob("*.safetensors")):
-        raise ValueError(f"{output_dir} already holds a model: give --overwrite to replace it, or another --output-dir")
+        raise ValueError(f"{output_dir} already holds a model: give --overwrite to replace it, or another "
+                         "--output-dir")
     return output_dir
 
 
 def supervise(model, tokenizer, dataset, max_steps: int, batch_size: int, learning_rate: float, seed: int,
               progress: bool, max_length: int = 256) -> None:
     """TRL's SFTTrainer on prompt-completion pairs (loss on the completion only), cosine schedule."""
-    from trl import SFTConfig, SFTTrainer
-
     scratch = tempfile.TemporaryDirectory(prefix="poise-toy-sft-")
     args = SFTConfig(
         output_dir=scratch.name,
@@ -165,9 +163,6 @@ def build_tiny_model(
 
     A model already in `output_dir` is kept unless `overwrite`.
     """
-    from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
-    from poise_trl.tasks import load_prompt_dataset
-
     output_dir = checked_output_dir(output_dir, overwrite)
     started = time.time()
     random.seed(seed)
@@ -179,9 +174,8 @@ def build_tiny_model(
 
     model.eval()
     eval_set = load_prompt_dataset("toy-arith", split="test")
-    accuracy = evaluate_accuracy(
-        TransformersEngine(model, tokenizer, batch_size=128), eval_set, num_samples=eval_samples, temperature=1.0, max_new_tokens=96, seed=seed
-    )
+    accuracy = evaluate_accuracy(TransformersEngine(model, tokenizer, batch_size=128), eval_set,
+                                 num_samples=eval_samples, temperature=1.0, max_new_tokens=96, seed=seed)
     card = {
         "name": "tiny-qwen3-toy-arith",
         "architecture": "Qwen3ForCausalLM",
@@ -302,8 +296,6 @@ def printable(rows: list[dict]) -> list[dict]:
 def multitask_eval_rows(seed: int, size: int = MULTITASK_EVAL_ROWS) -> list[dict]:
     """Each task's test split, `size` rows (a reasoning-gym task's less those its train split of that size
     holds)."""
-    from poise_trl.tasks import task_rows
-
     return printable([row for name, config in MULTITASK_TASKS.items()
                       for row in task_rows(name, "test", size, seed, config)])
 
@@ -311,10 +303,6 @@ def multitask_eval_rows(seed: int, size: int = MULTITASK_EVAL_ROWS) -> list[dict
 def multitask_sft_dataset(n: int, seed: int, held_out: list[dict]):
     """`n` prompt-completion pairs, the tasks in equal shares (toy-arith with its worked column sums), at each
     task's slip rate; no question of `held_out` (the tasks' test rows) among them."""
-    from datasets import Dataset
-
-    from poise_trl.tasks import task_rows
-
     rng = random.Random(seed)
     share = n // len(MULTITASK_TASKS)
     held_out_prompts = {json.dumps(row["prompt"]) for row in held_out}
@@ -348,10 +336,6 @@ def build_multitask_model(
 
     Equal shares at each task's slip rate, toy-arith kept; the card holds held-out accuracy per task.
     """
-    from datasets import Dataset
-
-    from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
-
     output_dir = checked_output_dir(output_dir, overwrite)
     base_dir = Path(base_dir or BUNDLED_DATA / "tiny-qwen3")
     if not any(base_dir.glob("*.safetensors")):
@@ -399,7 +383,8 @@ def build_multitask_model(
 def _multitask_card(card: dict) -> str:
     acc = card["heldout_sampled_accuracy"]
     configs = {entry["name"]: entry.get("config", {}) for entry in card["tasks"]}
-    rows = "\n".join(f"| `{task}` | `{json.dumps(configs[task])}` | {card['sft']['slip_rates'][task]:.2f} | {value:.3f} |"
+    slip_rates = card["sft"]["slip_rates"]
+    rows = "\n".join(f"| `{task}` | `{json.dumps(configs[task])}` | {slip_rates[task]:.2f} | {value:.3f} |"
                      for task, value in acc["by_task"].items())
     return f"""# tiny-qwen3-multitask
 
@@ -561,7 +546,8 @@ def build_tiny_critic(output_dir: str | Path, actor_dir: str | Path | None = Non
         critic.model.load_state_dict(kept, strict=True)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        critic.score.weight.copy_(torch.randn(critic.score.weight.shape, generator=generator) * config.initializer_range)
+        weight = critic.score.weight
+        weight.copy_(torch.randn(weight.shape, generator=generator) * config.initializer_range)
         critic.score.bias.zero_()
     critic.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)

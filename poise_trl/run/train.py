@@ -56,8 +56,8 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     if folder.state == "finished":
         done = folder.summary
         log(f"{out} holds this run, finished ({done.get('steps')} steps, held-out accuracy "
-            f"{_fmt(done.get('start_heldout_accuracy'))} -> {_fmt(done.get('final_heldout_accuracy'))}): left untouched; "
-            "give --overwrite to train it again")
+            f"{_fmt(done.get('start_heldout_accuracy'))} -> {_fmt(done.get('final_heldout_accuracy'))}): left "
+            "untouched; give --overwrite to train it again")
         return {**done, "already_finished": True}
     resume_from = run.resume_from
     if resume_from:
@@ -70,11 +70,13 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / "recipe.yaml", yaml.safe_dump(recipe, sort_keys=False))
     threads = None  # the torch threads training ran with
-    if resume_from and eval_callback.budget_spent_in(resume_from):
-        # Nothing is left to train, and Trainer would still take a step: finish from the checkpoint.
+    if resume_from and (folder.step >= args.max_steps or eval_callback.budget_spent_in(resume_from)):
+        # Nothing is left to train, and Trainer would still take a step: finish from the checkpoint (with
+        # the closing evaluation, which runs after the last save).
         trainer._load_from_checkpoint(resume_from)
         trainer.state = TrainerState.load_from_json(str(Path(resume_from) / "trainer_state.json"))
         eval_callback.restore(resume_from)
+        eval_callback.on_train_end(args, trainer.state, trainer.control, model=trainer.model)
         for callback in run.algorithm_callbacks:
             callback.finish(args, trainer.state, trainer.control)
     else:

@@ -67,7 +67,8 @@ def task_rows(name: str, split: str, size: int | None, seed: int, config: dict |
         close = difflib.get_close_matches(unknown[0], family.config_keys, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         allowed = ", ".join(sorted(family.config_keys)) if len(family.config_keys) <= 20 else "see its module"
-        raise TaskError(f"unknown task_config key {unknown[0]!r} for task {name!r}{hint} (allowed: {allowed or 'none'})")
+        raise TaskError(f"unknown task_config key {unknown[0]!r} for task {name!r}{hint} (allowed: "
+                        f"{allowed or 'none'})")
     rows = family.build_rows(variant, config, split, size, seed)
     return [{"prompt": row["prompt"], "answer": str(row["answer"]), "task": name,
              "verifier": json.dumps(row["verifier"], sort_keys=True), "id": str(row["id"])} for row in rows]
@@ -103,7 +104,8 @@ def mix_entry(entry) -> MixEntry:
     if unknown:
         close = difflib.get_close_matches(str(unknown[0]), MIX_KEYS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise TaskError(f"dataset mix entry {label!r}: unknown key {unknown[0]!r}{hint} (allowed: {', '.join(MIX_KEYS)})")
+        raise TaskError(f"dataset mix entry {label!r}: unknown key {unknown[0]!r}{hint} (allowed: "
+                        f"{', '.join(MIX_KEYS)})")
     name = entry.get("name")
     if not isinstance(name, str) or not name:
         raise TaskError(f"dataset mix entry {entry!r} has no task name: give name: <task>, e.g. "

@@ -25,14 +25,12 @@ CATEGORIES = {
 TEST_PERCENT = 20
 INSTALL_HINT = "pip install --no-deps bfcl-eval==2026.3.23"
 
-SYSTEM_PROMPT = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n"
-    "<tools>\n{tools}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": '
-    "<args-json-object>}}\n</tool_call>"
-)
+SYSTEM_PROMPT = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                 "You are provided with function signatures within <tools></tools> XML tags:\n"
+                 "<tools>\n{tools}\n</tools>\n\n"
+                 "For each function call, return a json object with function name and arguments within "
+                 '<tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": '
+                 "<args-json-object>}}\n</tool_call>")
 
 # BFCL's Python type names where JSON Schema (what chat templates show) names them otherwise.
 _JSON_SCHEMA_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
@@ -138,10 +136,8 @@ def _categories(variant: str | None) -> list[str]:
     if variant is None:
         return list(CATEGORIES.values())
     if variant not in CATEGORIES:
-        raise TaskError(
-            f"unknown BFCL category {variant!r}; use bfcl:{' or bfcl:'.join(CATEGORIES)}, "
-            "or bfcl for all four"
-        )
+        raise TaskError(f"unknown BFCL category {variant!r}; use bfcl:{' or bfcl:'.join(CATEGORIES)}, "
+                        "or bfcl for all four")
     return [CATEGORIES[variant]]
 
 
@@ -211,9 +207,7 @@ def parse_tool_calls(text: str) -> list[dict] | None:
 
 
 def _normalised(value):
-    return (
-        _IGNORED_IN_STRINGS_RE.sub("", value).lower().replace("'", '"') if isinstance(value, str) else value
-    )
+    return _IGNORED_IN_STRINGS_RE.sub("", value).lower().replace("'", '"') if isinstance(value, str) else value
 
 
 def _as_lists(possible: list) -> list:

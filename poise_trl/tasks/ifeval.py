@@ -113,18 +113,14 @@ def _count(config: dict, key: str, default: int) -> int:
 def _allowed(config: dict) -> list[str]:
     ids = config.get("instructions", SUPPORTED)
     if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, str) for i in ids):
-        raise TaskError(
-            f"ifeval config instructions must be a non-empty list of instruction ids, not {ids!r}"
-        )
+        raise TaskError(f"ifeval config instructions must be a non-empty list of instruction ids, not {ids!r}")
     for instruction_id in ids:
         if instruction_id in EXCLUDED:
             raise TaskError(f"ifeval leaves out instruction {instruction_id!r}: {EXCLUDED[instruction_id]}")
         if instruction_id not in INSTRUCTIONS:
             close = difflib.get_close_matches(instruction_id, SUPPORTED, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise TaskError(
-                f"unknown IFEval instruction {instruction_id!r}; {hint}supported: {', '.join(SUPPORTED)}"
-            )
+            raise TaskError(f"unknown IFEval instruction {instruction_id!r}; {hint}supported: {', '.join(SUPPORTED)}")
     return sorted(set(ids))
 
 
@@ -134,9 +130,7 @@ def _settings(config: dict) -> tuple[list[str], int, int]:
     if fewest > most:
         raise TaskError(f"ifeval config min_constraints ({fewest}) is above max_constraints ({most})")
     if fewest > len(allowed):
-        raise TaskError(
-            f"ifeval config min_constraints ({fewest}) is above the {len(allowed)} instructions allowed"
-        )
+        raise TaskError(f"ifeval config min_constraints ({fewest}) is above the {len(allowed)} instructions allowed")
     return allowed, fewest, most
 
 
@@ -228,9 +222,7 @@ def _draw(rng: random.Random, allowed: list[str], fewest: int, most: int) -> dic
 
 
 def split_of(prompt_text: str) -> str:
-    return (
-        "test" if int(hashlib.sha256(prompt_text.encode()).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
-    )
+    return "test" if int(hashlib.sha256(prompt_text.encode()).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
 
 
 def build_rows(variant: str | None, config: dict, split: str, size: int | None, seed: int) -> list[dict]:

@@ -148,25 +148,19 @@ _MATH_DELIMITERS = ((r"\(", r"\)"), (r"\[", r"\]"), ("$$", "$$"), ("$", "$"))
 # `9 (apples)`, `13 (first-aid kits)`, `5 cm`, `12 dollars`: a number followed only by words is the number
 # (the MATH, GSM8K and ASDiv convention); math-verify would otherwise read the words as a product of
 # symbols. Not when a word is maths (`2 pi`) or joins answers (`3 or 4`).
-_NUMBER_WITH_UNIT_RE = re.compile(
-    r"^(?P<number>[-+]?\\?\$?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+))\s*"
-    r"(?!.*\b(?:and|or|pi|sqrt|sin|cos|tan|log|ln|exp|mod)\b)"
-    r"(?:\(\s*[A-Za-z][A-Za-z .'-]*\)|[A-Za-z]{2,}(?:\s+[A-Za-z]+)*)\.?$"
-)
+_NUMBER_WITH_UNIT_RE = re.compile(r"^(?P<number>[-+]?\\?\$?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+))\s*"
+                                  r"(?!.*\b(?:and|or|pi|sqrt|sin|cos|tan|log|ln|exp|mod)\b)"
+                                  r"(?:\(\s*[A-Za-z][A-Za-z .'-]*\)|[A-Za-z]{2,}(?:\s+[A-Za-z]+)*)\.?$")
 # LaTeX thousands separators (`10\,000`, `10{,}000`, `10\!,000`, `10\ 000`); a plain comma is left to
 # math-verify, which tells `1,000` from a pair. A leading 0 is a decimal comma (`0,111`), not thousands.
 _LATEX_THOUSANDS_RE = re.compile(r"(?<![\d.])[1-9]\d{0,2}(?:(?:\\[,;! ]|\{,\}|,\\!|~)\d{3})+(?![\d])")
 _THOUSANDS_SEPARATOR_RE = re.compile(r"\\[,;! ]|\{,\}|,|~")
 # `8.7\times10^{8}`, `8.7 \cdot 10^8`: math-verify keeps these unevaluated and then misses `870000000`.
-_TIMES_POWER_OF_TEN_RE = re.compile(
-    r"(?<![\w.\\])(?P<mantissa>\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|×)\s*10\s*\^\s*"
-    r"(?:\{\s*(?P<braced>[-+]?\d+)\s*\}|(?P<bare>[-+]?\d))(?![\d.])"
-)
+_TIMES_POWER_OF_TEN_RE = re.compile(r"(?<![\w.\\])(?P<mantissa>\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|×)\s*10\s*\^\s*"
+                                    r"(?:\{\s*(?P<braced>[-+]?\d+)\s*\}|(?P<bare>[-+]?\d))(?![\d.])")
 # `4.5e33` as a number of its own (a whole answer, or a word in a sentence: "L is 4.5e33 erg/s."); not
 # inside a name or a power (`x2e3`, `10^2e3`), nor before a power (`2e3^2`, which reads as a product).
-_E_NOTATION_RE = re.compile(
-    r"(?<![\w.^_])(?P<mantissa>\d+(?:\.\d+)?)[eE](?P<exponent>[-+]?\d+)(?![\w^]|\.\d)"
-)
+_E_NOTATION_RE = re.compile(r"(?<![\w.^_])(?P<mantissa>\d+(?:\.\d+)?)[eE](?P<exponent>[-+]?\d+)(?![\w^]|\.\d)")
 
 
 def _plain_decimal(mantissa: str, exponent: str) -> str | None:

@@ -84,22 +84,18 @@ def _strip_dapo_instructions(text: str) -> str:
     return text.split(_DAPO_REMINDER, 1)[0]
 
 
+def _toy_spec(description: str, generate: Callable[[int, int], list[dict]], test_file: Path) -> DatasetSpec:
+    """A toy set: 4000 train rows generated from a seed, the test split shipped in data/."""
+    return DatasetSpec(description, generate=generate, size=4000, files={"test": test_file}, eval_split="test")
+
+
 DATASETS: dict[str, DatasetSpec] = {
-    "toy-arith": DatasetSpec(
-        "integer additions in words, levels 1-4; train generated from a seed, test shipped in data/toy-arith",
-        generate=toy_task.generate_problems,
-        size=4000,
-        files={"test": TOY_EVAL_FILE},
-        eval_split="test",
-    ),
-    "toy-arith-spread": DatasetSpec(
+    "toy-arith": _toy_spec("integer additions in words, levels 1-4; train generated from a seed, test shipped in "
+                           "data/toy-arith", toy_task.generate_problems, TOY_EVAL_FILE),
+    "toy-arith-spread": _toy_spec(
         "toy-arith with levels 1-6; the tiny model never solves levels 5-6 (prompt difficulty that varies as much "
         "as a real math set's); train generated from a seed, test shipped in data/toy-arith-spread",
-        generate=toy_task.generate_spread_problems,
-        size=4000,
-        files={"test": SPREAD_EVAL_FILE},
-        eval_split="test",
-    ),
+        toy_task.generate_spread_problems, SPREAD_EVAL_FILE),
     "dapo-math-17k": DatasetSpec(
         "DAPO-Math-17k, deduplicated, English subset (open-r1's processing)",
         hub_id="open-r1/DAPO-Math-17k-Processed",

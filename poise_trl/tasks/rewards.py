@@ -15,6 +15,9 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from torch import nn
+from transformers import TrainerState
+
 from poise_trl.tasks import completion_text, task_reward
 from poise_trl.tasks.math_grader import extract_final_answer, grade_batch
 
@@ -69,9 +72,7 @@ def get_reward_functions(names: list[str]) -> list[Callable[..., list[float]]]:
         names = [names]
     unknown = [name for name in names if name not in REWARD_FUNCTIONS and ":" not in name]
     if unknown or not names:
-        problem = (
-            f"unknown reward function(s): {', '.join(unknown)}" if unknown else "no reward functions given"
-        )
+        problem = f"unknown reward function(s): {', '.join(unknown)}" if unknown else "no reward functions given"
         raise ValueError(f"{problem}; known reward functions: {', '.join(REWARD_FUNCTIONS)}, or an import path "
                          "package.module:function")
     return [REWARD_FUNCTIONS[name] if name in REWARD_FUNCTIONS else import_reward_function(name) for name in names]
@@ -121,9 +122,6 @@ def check_reward_functions(funcs: Sequence, dataset, tokenizer, names: Sequence[
     One that raises or returns anything but one number (or None) per completion is a RewardFunctionError
     naming it (`names`, the recipe's spelling, else `__name__`). Reward models are left to TRL.
     """
-    from torch import nn
-    from transformers import TrainerState
-
     rows = [dataset[i] for i in range(min(DRY_BATCH_ROWS, len(dataset)))]
     if not rows:
         return

@@ -54,7 +54,8 @@ def save_rank_state(trainer, out: Path) -> None:
         trainer.value_estimator.save(out / f"rank{rank}-probe")
     if hasattr(trainer, "critics"):
         save_file({f"critic{m}.{name}": tensor.detach().contiguous()
-                   for m, critic in enumerate(trainer.critics.critics) for name, tensor in critic.state_dict().items()},
+                   for m, critic in enumerate(trainer.critics.critics)
+                   for name, tensor in critic.state_dict().items()},
                   out / f"rank{rank}-critics.safetensors")
 
 

@@ -70,7 +70,8 @@ def main(model_dir: str, out: str) -> None:
     for name, net in (("reference", reference), ("sharded", model)):
         feats = extract_features(net, *batch, THINK, LAYER, batch_size=4)
         (layer, f), = feats.items()
-        results[f"{name}.prompt"], results[f"{name}.response"], results[f"{name}.entropy"] = f.prompt, f.response, f.entropy
+        for part in ("prompt", "response", "entropy"):
+            results[f"{name}.{part}"] = getattr(f, part)
         train_step(net, optimizers[net], batch)
         for key, value in full_state(net).items():
             results[f"{name}.after_step.{key}"] = value

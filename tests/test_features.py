@@ -242,7 +242,7 @@ def test_token_entropy_in_chunks_equals_one_chunk(monkeypatch):
     whole = token_entropy(logits, 0.7)
     probs = torch.softmax(logits.double() / 0.7, dim=-1)
     torch.testing.assert_close(whole, (-(probs * probs.log()).sum(-1)).float(), rtol=0, atol=1e-5)
-    monkeypatch.setattr("poise_trl.probe.features.CPU_ENTROPY_CHUNK_ELEMENTS", 4 * 11)  # 4 distributions a chunk
+    monkeypatch.setattr("poise_trl.probe.features.ENTROPY_CHUNK_ELEMENTS", 4 * 11)  # 4 distributions a chunk
     assert torch.equal(token_entropy(logits, 0.7), whole)
     assert torch.equal(token_entropy(logits[:, -1], 0.7), whole[:, -1])  # (B, vocabulary) -> (B,)
 

@@ -343,10 +343,7 @@ class HiddenStateCapture(ForwardHooks):
 # --- Standalone extraction (probe-eval, tests) -----------------------------------------------
 
 
-ENTROPY_CHUNK_ELEMENTS = 1 << 22  # float32 temporaries of at most 16 MB each (an accelerator: few launches)
-# On a CPU a chunk's temporaries stay in a core's cache: at Qwen3's vocabulary one distribution at a time,
-# several times faster than a decode step's 16 at once (docs/real-shapes.md).
-CPU_ENTROPY_CHUNK_ELEMENTS = 1 << 18
+ENTROPY_CHUNK_ELEMENTS = 1 << 22  # float32 temporaries of at most 16 MB each
 # During generation, next-token logits wait (at most this many values) to have their entropies computed
 # together: one batch of ops per few dozen decode steps at a small vocabulary.
 PENDING_LOGITS_ELEMENTS = 1 << 17
@@ -355,8 +352,7 @@ PENDING_LOGITS_ELEMENTS = 1 << 17
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy (nats, float32) of softmax(logits / temperature) over the last dim, in bounded chunks."""
     flat = logits.reshape(-1, logits.shape[-1])
-    chunk = CPU_ENTROPY_CHUNK_ELEMENTS if flat.device.type == "cpu" else ENTROPY_CHUNK_ELEMENTS
-    rows = max(1, chunk // max(1, flat.shape[1]))
+    rows = max(1, ENTROPY_CHUNK_ELEMENTS // max(1, flat.shape[1]))
     if flat.shape[0] <= rows:
         return _entropy(flat, temperature).view(logits.shape[:-1])
     chunks = [_entropy(flat[start : start + rows], temperature) for start in range(0, flat.shape[0], rows)]
@@ -367,8 +363,8 @@ def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     scaled = logits.float()
     if temperature != 1.0:  # dividing by 1 changes nothing: skip the op (once per decode step)
         scaled = scaled / temperature
-    # H = log Z - E_p[z - max z], with Z = sum exp(z - max z): one exp over the vocabulary, not log_softmax's and a
-    # second one for p.
+    # H = log Z - E_p[z - max z], with Z = sum exp(z - max z): one exp over the vocabulary where log_softmax and p
+    # take two (benchmarks/entropy_cost.py).
     shifted = scaled - scaled.amax(-1, keepdim=True)
     weights = shifted.exp()
     total = weights.sum(-1)

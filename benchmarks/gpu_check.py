@@ -4,12 +4,13 @@
     python benchmarks/gpu_check.py command               # the device command and the paths it carries
     python benchmarks/gpu_check.py run [--device cuda] [--output benchmarks/results/gpu_check.json]
 
-The GPU node is assumed to have Python 3.12, torch, transformers 5.17, accelerate and peft, but no TRL,
-datasets or math-verify, and no network. `prepare` downloads, for cp312 manylinux x86_64, every package
+The GPU node is assumed to have Python 3.12, torch, transformers 5.17, accelerate, peft and pandas, but no
+TRL, datasets or math-verify, and no network. `prepare` downloads, for cp312 manylinux x86_64, every package
 in the requirement closure of TRL, datasets and math-verify that torch, transformers, accelerate and peft do
 not bring (`missing_requirements`: read from this machine's package metadata, pinned to the versions
 installed here) into `.gpu_check_wheels/` (ignored by git, at most 64 MiB: pyarrow is pinned to 24.0.0, the
-oldest datasets accepts, whose wheel is 6 MB smaller), with a manifest of names, versions, sizes and sha256.
+oldest datasets accepts, whose wheel is 6 MB smaller; with the tracked tree the carry must stay under 64 MiB),
+with a manifest of names, versions, sizes and sha256.
 `run` installs them with `pip install --no-index --no-deps --target` and puts the target first on sys.path
 (and PYTHONPATH, for the arms' processes).
 
@@ -43,8 +44,10 @@ from packaging.utils import canonicalize_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WHEELS = REPO_ROOT / ".gpu_check_wheels"
-WHEELS_LIMIT_BYTES = 64 * 2**20  # what the device tool carries with the working tree
-NODE_HAS = ("torch", "transformers", "accelerate", "peft")
+CARRY_LIMIT_BYTES = 64 * 2**20  # what the device tool carries: the tracked tree and the wheels together
+# The device image's package list (the tool's KINDS.md) also names pandas, xxhash, six and python-dateutil;
+# pyarrow is there too, at a version not listed, and datasets needs >= 24, so it travels.
+NODE_HAS = ("torch", "transformers", "accelerate", "peft", "pandas", "xxhash", "six", "python-dateutil")
 NEEDED = ("trl", "datasets", "math-verify")
 VERSION_OVERRIDES = {"pyarrow": "24.0.0"}  # 49 MB instead of 26.0.1's 55 MB: the set fits in 64 MiB
 TARGET_ENVIRONMENT = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.0",
@@ -58,8 +61,9 @@ SHAPES = {
     "tiny": ("0.6b", 1, {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
                          "num_key_value_heads": 1, "head_dim": 32}),
 }
-DEVICE_COMMAND = ("nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; "
-                  "python3 benchmarks/gpu_check.py run --output $OUT/gpu_check.json")
+DEVICE_COMMAND = ("set -o pipefail; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; "
+                  "PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py run --output $OUT/gpu_check.json 2>&1 "
+                  "| tee $OUT/gpu_check.log")
 
 
 # ------------------------------------------------------------------------------------------ preparation
@@ -128,12 +132,19 @@ def prepare(dry_run: bool) -> None:
         data = (WHEELS / wheel["file"]).read_bytes()
         wheel.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     total = sum(w["bytes"] for w in wheels)
-    if total > WHEELS_LIMIT_BYTES:
-        sys.exit(f"error: the wheels take {total / 2**20:.1f} MiB, over the 64 MiB the device carries: pin "
-                 "smaller versions in VERSION_OVERRIDES")
+    if total + tracked_bytes() > CARRY_LIMIT_BYTES:
+        sys.exit(f"error: the wheels take {total / 2**20:.1f} MiB and the tracked tree "
+                 f"{tracked_bytes() / 2**20:.1f} MiB, over the 64 MiB the device carries: pin smaller versions "
+                 "in VERSION_OVERRIDES")
     (WHEELS / "manifest.json").write_text(json.dumps(wheels, indent=2) + "\n")
     print(f"{len(wheels)} wheels, {total / 2**20:.1f} MiB in {WHEELS.name}/ (carry it to the GPU node: "
           "`python benchmarks/gpu_check.py command`)")
+
+
+def tracked_bytes() -> int:
+    """The size of the files git tracks: they travel to the device with the carried wheels."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
+    return sum((REPO_ROOT / name).stat().st_size for name in listed.decode().split("\0") if name)
 
 
 def install_wheels(target: Path, wheels: list[dict]) -> list[dict]:
@@ -184,7 +195,9 @@ def run(cli) -> None:
             sys.exit("error: TRL does not import and no wheels are prepared: run `python "
                      "benchmarks/gpu_check.py prepare` on a networked machine and carry "
                      ".gpu_check_wheels/ here")
-        installed = install_wheels(workdir / "site", json.loads(manifest.read_text()))
+        # "site-packages" in the path: dill (datasets' fingerprint) pickles a module by value when its file is
+        # under neither sys.prefix nor such a folder, and dies on pyarrow's MonthDayNano (seen on the H100)
+        installed = install_wheels(workdir / "site-packages", json.loads(manifest.read_text()))
     sys.path.insert(0, str(REPO_ROOT))  # poise_trl from the working tree, as the arms see it
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO_ROOT)]))
     from poise_scale import fit_point
@@ -204,6 +217,10 @@ def run(cli) -> None:
     geometry = build_policy(cli.shape, dtype, cli.device, model_dir)
     payload["model"] = {"shape": cli.shape, **geometry, "dtype": dtype,
                         "build_seconds": round(time.perf_counter() - build_started, 1)}
+    # each part is written as it ends: a failure late in the run keeps what came before
+    payload["probe_fit"] = fit_point(cli.fit_rows, cli.fit_width, cli.device, torch.get_num_threads(),
+                                     run_exact=False)
+    write_artefact(payload, cli.output)
     rows = 2 * cli.prompts
     shape = {"model": str(model_dir), "max_completion_length": cli.completion_length,
              "per_device_train_batch_size": min(rows, cli.micro_batch),
@@ -215,6 +232,7 @@ def run(cli) -> None:
     payload["poise_vs_grpo"] = pair
     low, high = pair["ratio_95_interval"]
     print(f"POISE/GRPO {pair['ratio_of_mean_step_seconds']:.3f} [{low:.3f}, {high:.3f}]", flush=True)
+    write_artefact(payload, cli.output)
 
     gpu_bytes = torch.cuda.get_device_properties(0).total_memory if cli.device == "cuda" else 80 * GIB
     payload["plan_vs_measured"] = {}
@@ -234,8 +252,6 @@ def run(cli) -> None:
         "the plan counts one training micro-batch (weights, gradients, AdamW, activations, LM head), with "
         f"prompts of {cli.prompt_length} tokens; the measure is torch.cuda.max_memory_allocated over the "
         "whole run (generation's KV cache included) on a GPU, the process's peak RSS on the CPU")
-    fit = fit_point(cli.fit_rows, cli.fit_width, cli.device, torch.get_num_threads(), run_exact=False)
-    payload["probe_fit"] = fit
     payload["wall_seconds"] = round(time.perf_counter() - started, 1)
     write_artefact(payload, cli.output)
 

@@ -1,4 +1,4 @@
-"""The multitask tiny world: data/tiny-qwen3-multitask (the toy-arith model taught four reasoning-gym tasks
+"""The multitask tiny world: data/tiny-qwen3-multitask (the toy-arith model taught three reasoning-gym tasks
 besides, toy-arith kept as the task math:toy-arith), its recipes, and the command that builds it."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from poise_trl.run.recipe import load_recipe, parse_recipe
 from poise_trl.run.toy import MULTITASK_TASKS, build_multitask_model, multitask_mix
 
 MODEL_DIR = BUNDLED_DATA / "tiny-qwen3-multitask"
-RECIPES = {name: f"recipes/toy/{name}_multitask.yaml" for name in ("poise", "grpo", "grpo_2")}
+RECIPES = {name: f"recipes/toy/{name}_multitask.yaml"
+           for name in ("poise", "poise_shared", "grpo", "grpo_2", "rloo_2", "dapo")}
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +62,11 @@ def test_the_multitask_recipes_parse_and_generate_as_many_completions_per_step()
         assert parsed[name].settings.rewards == ["task"]
     args = {name: p.args for name, p in parsed.items()}
     assert {a.per_device_train_batch_size for a in args.values()} == {64}
-    assert (args["poise"].num_generations, args["grpo"].num_generations, args["grpo_2"].num_generations) == (2, 8, 2)
+    assert {name: a.num_generations for name, a in args.items()} == {
+        "poise": 2, "poise_shared": 2, "grpo": 8, "grpo_2": 2, "rloo_2": 2, "dapo": 8}
+    assert {a.learning_rate for a in args.values()} == {5e-5}
     assert args["poise"].probe_domain_column == "task"  # one value probe per task
+    assert args["poise_shared"].probe_domain_column is None  # one probe for all tasks
 
 
 @pytest.mark.slow

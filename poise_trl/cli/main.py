@@ -148,7 +148,7 @@ def toy_build(
     output_dir: Path = typer.Option(None, "--output-dir", "-o", help="Where the model goes (default: the bundled "
                                     "data/tiny-qwen3, or data/tiny-qwen3-multitask with --world multitask)."),
     world: str = typer.Option("toy-arith", "--world", help="toy-arith: the tiny model taught toy-arith; multitask: "
-                              "that model taught four reasoning-gym tasks besides; qwen3-shape: a "
+                              "that model taught three reasoning-gym tasks besides; qwen3-shape: a "
                               "random-init Qwen3 at a real geometry with Qwen3's own tokenizer (default "
                               "folder: ./qwen3-shape-SIZE)."),
     size: str = typer.Option(None, "--size", help="qwen3-shape only: the geometry, 0.6b (default), 1.7b "

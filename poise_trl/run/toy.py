@@ -236,23 +236,23 @@ Package versions: {json.dumps(card['versions'])}
 """
 
 
-# The multitask world: toy-arith and four reasoning-gym generators in configs of short printable ASCII. A
-# task's slip rate (share of wrong training answers) keeps its accuracy in (0.15, 0.85): reward variance.
+# The multitask world: toy-arith and three reasoning-gym generators in configs of short printable ASCII, each
+# small enough for the tiny model to compute, so that its errors are slips: a task's slip rate (share of wrong
+# training answers) keeps its accuracy in (0.15, 0.85), reward variance that RL can remove (docs/studies.md
+# measures which worlds GRPO learns on every task).
 DRAFT_PROMPT = {"system_prompt": "chain_of_draft"}
 MULTITASK_TASKS: dict[str, dict] = {  # task -> its config, as a recipe's mix entry gives it
     "math:toy-arith": {},
     "reasoning-gym:basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
                                        "operators": ["+"], "allow_parentheses": False, "allow_negation": False,
                                        **DRAFT_PROMPT},
-    "reasoning-gym:count_bits": {"min_n": 1, "max_n": 1023, **DRAFT_PROMPT},
-    "reasoning-gym:gcd": {"min_numbers": 2, "max_numbers": 2, "min_value": 2, "max_value": 99, **DRAFT_PROMPT},
+    "reasoning-gym:gcd": {"min_numbers": 2, "max_numbers": 2, "min_value": 2, "max_value": 30, **DRAFT_PROMPT},
     "reasoning-gym:letter_counting": {"min_words": 2, "max_words": 3, **DRAFT_PROMPT},
 }
 MULTITASK_SLIP_RATES: dict[str, float] = {
     "math:toy-arith": 0.15,  # per column, as the toy-arith model's
     "reasoning-gym:basic_arithmetic": 0.15,  # per column too: its draft is toy-arith's
-    "reasoning-gym:count_bits": 0.0,
-    "reasoning-gym:gcd": 0.1,
+    "reasoning-gym:gcd": 0.3,
     "reasoning-gym:letter_counting": 0.25,
 }
 MULTITASK_EVAL_ROWS = 100  # held-out rows of each task
@@ -266,8 +266,6 @@ def multitask_mix() -> list[dict]:
 def draft(generator: str, entry: dict) -> str:
     """A few words of working before the answer, where a short one helps the tiny model."""
     meta = entry["metadata"]
-    if generator == "count_bits":
-        return f"{int(entry['question'].rstrip('?').split()[-1]):b}"
     if generator == "letter_counting":  # the letter once per occurrence, counted as the generator counts
         return " ".join(meta["target_letter"] * sum(w.lower().count(meta["target_letter"]) for w in meta["span"]))
     return ""
@@ -390,10 +388,10 @@ def _multitask_card(card: dict) -> str:
 
 A {card['parameters']:,}-parameter `Qwen3ForCausalLM` ({card['num_layers']} layers, hidden size
 {card['hidden_size']}, context {card['max_position_embeddings']} characters): `data/{card['base_model']}`
-(toy-arith) taught further with TRL's `SFTTrainer` four reasoning-gym generators, with toy-arith kept in the
-data, all five tasks in equal shares. The reasoning-gym prompts carry reasoning-gym's `chain_of_draft` system
+(toy-arith) taught further with TRL's `SFTTrainer` three reasoning-gym generators, with toy-arith kept in the
+data, all four tasks in equal shares. The reasoning-gym prompts carry reasoning-gym's `chain_of_draft` system
 prompt; their targets are a short draft inside `<think>...</think>` (toy-arith's column sums for
-basic_arithmetic, the number in binary for count_bits, the letter once per occurrence for letter_counting,
+basic_arithmetic, the letter once per occurrence for letter_counting,
 none for gcd) and the answer inside `<answer>...</answer>`. Each task's training answers are off by one
 (for the two sums: each column's sum) at its slip rate, so that sampled accuracy stays inside 0.15-0.85 on every task:
 an RL run on the mix has reward variance on each of them.
@@ -410,8 +408,8 @@ problems (each task's test split, as a recipe's held-out evaluation draws it):
 |---|---|---|---|
 {rows}
 
-Recipes: `recipes/toy/poise_multitask.yaml`, `grpo_multitask.yaml` and `grpo_2_multitask.yaml` train on
-this mix (`rewards: [task]`, each task's own grader).
+Recipes: `recipes/toy/*_multitask.yaml` (POISE with a probe per task and with one shared, GRPO with 8 and with
+2 rollouts, RLOO-2, DAPO) train on this mix (`rewards: [task]`, each task's own grader).
 
 Package versions: {json.dumps(card['versions'])}
 """

@@ -6,8 +6,8 @@
 
 The GPU node is assumed to have Python 3.12, torch, transformers 5.17, accelerate, peft and pandas, but no
 TRL, datasets or math-verify, and no network. `prepare` downloads, for cp312 manylinux x86_64, every package
-in the requirement closure of TRL, datasets and math-verify that torch, transformers, accelerate and peft do
-not bring (`missing_requirements`: read from this machine's package metadata, pinned to the versions
+in the requirement closure of TRL, datasets and math-verify that the node's packages (NODE_HAS) do not
+bring (`missing_requirements`: read from this machine's package metadata, pinned to the versions
 installed here) into `.gpu_check_wheels/` (ignored by git, at most 64 MiB: pyarrow is pinned to 24.0.0, the
 oldest datasets accepts, whose wheel is 6 MB smaller; with the tracked tree the carry must stay under 64 MiB),
 with a manifest of names, versions, sizes and sha256.
@@ -131,11 +131,10 @@ def prepare(dry_run: bool) -> None:
     for wheel in wheels:
         data = (WHEELS / wheel["file"]).read_bytes()
         wheel.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-    total = sum(w["bytes"] for w in wheels)
-    if total + tracked_bytes() > CARRY_LIMIT_BYTES:
-        sys.exit(f"error: the wheels take {total / 2**20:.1f} MiB and the tracked tree "
-                 f"{tracked_bytes() / 2**20:.1f} MiB, over the 64 MiB the device carries: pin smaller versions "
-                 "in VERSION_OVERRIDES")
+    total, tracked = sum(w["bytes"] for w in wheels), tracked_bytes()
+    if total + tracked > CARRY_LIMIT_BYTES:
+        sys.exit(f"error: the wheels take {total / 2**20:.1f} MiB and the tracked tree {tracked / 2**20:.1f} MiB, "
+                 "over the 64 MiB the device carries: pin smaller versions in VERSION_OVERRIDES")
     (WHEELS / "manifest.json").write_text(json.dumps(wheels, indent=2) + "\n")
     print(f"{len(wheels)} wheels, {total / 2**20:.1f} MiB in {WHEELS.name}/ (carry it to the GPU node: "
           "`python benchmarks/gpu_check.py command`)")

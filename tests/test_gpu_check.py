@@ -27,7 +27,7 @@ def index_reachable() -> bool:
 def test_missing_requirements_are_what_the_node_lacks():
     pins = gpu_check.missing_requirements()
     assert {"trl", "datasets", "math-verify", "pyarrow", "latex2sympy2-extended"} <= set(pins)
-    # what torch, transformers, accelerate or peft bring is on the node already
+    # what the node's packages (torch, transformers, accelerate, peft, pandas, ...) bring is there already
     assert not {"torch", "transformers", "accelerate", "peft", "numpy", "huggingface-hub", "safetensors",
                 "pyyaml", "packaging", "tqdm", "pandas", "xxhash"} & set(pins)
     assert pins["pyarrow"] == gpu_check.VERSION_OVERRIDES["pyarrow"]

@@ -4,13 +4,12 @@
     python benchmarks/gpu_check.py command               # the device command and the paths it carries
     python benchmarks/gpu_check.py run [--device cuda] [--output benchmarks/results/gpu_check.json]
 
-The GPU node is assumed to have Python 3.12, torch, transformers 5.17, accelerate, peft and pandas, but no
+The GPU node is assumed to have Python 3.12, torch, transformers 5.17, accelerate, peft, pandas and pyarrow, but no
 TRL, datasets or math-verify, and no network. `prepare` downloads, for cp312 manylinux x86_64, every package
 in the requirement closure of TRL, datasets and math-verify that the node's packages (NODE_HAS) do not
 bring (`missing_requirements`: read from this machine's package metadata, pinned to the versions
-installed here) into `.gpu_check_wheels/` (ignored by git, at most 64 MiB: pyarrow is pinned to 24.0.0, the
-oldest datasets accepts, whose wheel is 6 MB smaller; with the tracked tree the carry must stay under 64 MiB),
-with a manifest of names, versions, sizes and sha256.
+installed here) into `.gpu_check_wheels/` (ignored by git; with the tracked tree the carry must stay under
+64 MiB), with a manifest of names, versions, sizes and sha256.
 `run` installs them with `pip install --no-index --no-deps --target` and puts the target first on sys.path
 (and PYTHONPATH, for the arms' processes).
 
@@ -45,11 +44,12 @@ from packaging.utils import canonicalize_name
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WHEELS = REPO_ROOT / ".gpu_check_wheels"
 CARRY_LIMIT_BYTES = 64 * 2**20  # what the device tool carries: the tracked tree and the wheels together
-# The device image's package list (the tool's KINDS.md) also names pandas, xxhash, six and python-dateutil;
-# pyarrow is there too, at a version not listed, and datasets needs >= 24, so it travels.
-NODE_HAS = ("torch", "transformers", "accelerate", "peft", "pandas", "xxhash", "six", "python-dateutil")
+# The device image's package list (the tool's KINDS.md) also names pandas, pyarrow, xxhash, six and
+# python-dateutil. Its pyarrow is 25.0.1 (`pip show` on the H100), which datasets accepts (>= 24); carried,
+# pyarrow's 47 MB wheel and the tracked tree no longer fit the 64 MiB carry.
+NODE_HAS = ("torch", "transformers", "accelerate", "peft", "pandas", "pyarrow", "xxhash", "six",
+            "python-dateutil")
 NEEDED = ("trl", "datasets", "math-verify")
-VERSION_OVERRIDES = {"pyarrow": "24.0.0"}  # 49 MB instead of 26.0.1's 55 MB: the set fits in 64 MiB
 TARGET_ENVIRONMENT = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.0",
                       "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
                       "implementation_name": "cpython", "platform_python_implementation": "CPython",
@@ -95,7 +95,7 @@ def missing_requirements() -> dict[str, str]:
     if unknown:
         sys.exit(f"error: {', '.join(unknown)} required but not installed here: install the project "
                  "(pip install -e .) before preparing the GPU check")
-    return {name: VERSION_OVERRIDES.get(name, installed[name]) for name in lacking}
+    return {name: installed[name] for name in lacking}
 
 
 PIP_TARGET = ["--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.12",
@@ -134,7 +134,7 @@ def prepare(dry_run: bool) -> None:
     total, tracked = sum(w["bytes"] for w in wheels), tracked_bytes()
     if total + tracked > CARRY_LIMIT_BYTES:
         sys.exit(f"error: the wheels take {total / 2**20:.1f} MiB and the tracked tree {tracked / 2**20:.1f} MiB, "
-                 "over the 64 MiB the device carries: pin smaller versions in VERSION_OVERRIDES")
+                 "over the 64 MiB the device carries: add what the node has to NODE_HAS")
     (WHEELS / "manifest.json").write_text(json.dumps(wheels, indent=2) + "\n")
     print(f"{len(wheels)} wheels, {total / 2**20:.1f} MiB in {WHEELS.name}/ (carry it to the GPU node: "
           "`python benchmarks/gpu_check.py command`)")
@@ -154,6 +154,29 @@ def install_wheels(target: Path, wheels: list[dict]) -> list[dict]:
     sys.path.insert(0, str(target))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
     return [{key: w[key] for key in ("name", "version", "bytes")} for w in wheels]
+
+
+def check_node_versions(target: Path) -> None:
+    """Exit with one line if a package in `target` requires a version of a node package (NODE_HAS) that the
+    node does not have: those are not carried, so a too-old one would fail deep inside the run."""
+    node_packages = {canonicalize_name(name) for name in NODE_HAS}
+    unmet = []
+    for dist in importlib.metadata.distributions(path=[str(target)]):
+        for line in dist.requires or []:
+            requirement = Requirement(line)
+            if canonicalize_name(requirement.name) not in node_packages or not (
+                    requirement.marker is None or requirement.marker.evaluate(TARGET_ENVIRONMENT)):
+                continue
+            try:
+                have = importlib.metadata.version(requirement.name)
+            except importlib.metadata.PackageNotFoundError:
+                have = "none"
+            if not requirement.specifier.contains(have, prereleases=True):
+                unmet.append(f"{dist.metadata['Name']} needs {requirement.name}{requirement.specifier}, "
+                             f"the node has {have}")
+    if unmet:
+        sys.exit(f"error: {'; '.join(unmet)}: remove it from NODE_HAS in benchmarks/gpu_check.py and prepare "
+                 "again, so that it travels")
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -197,6 +220,7 @@ def run(cli) -> None:
         # "site-packages" in the path: dill (datasets' fingerprint) pickles a module by value when its file is
         # under neither sys.prefix nor such a folder, and dies on pyarrow's MonthDayNano (seen on the H100)
         installed = install_wheels(workdir / "site-packages", json.loads(manifest.read_text()))
+        check_node_versions(workdir / "site-packages")
     sys.path.insert(0, str(REPO_ROOT))  # poise_trl from the working tree, as the arms see it
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO_ROOT)]))
     from poise_scale import fit_point

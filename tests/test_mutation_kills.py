@@ -436,6 +436,27 @@ def test_poise_compute_advantages_mixes_probe_and_rloo_by_group(tmp_path, tiny_r
     assert trainer._metrics["train"]["probe/active_fraction"][-1] == 0.5
 
 
+def test_poise_logs_the_variance_reduction_of_each_task_over_the_probes_rows(tmp_path, tiny_random_model_dir):
+    trainer = poise_trainer(tiny_random_model_dir, tmp_path / "run", num_generations=2, per_device_train_batch_size=8)
+    metrics = trainer._metrics["train"]
+    trainer.table_columns = {"task": ["a", "a", "b", "b", "c", "c", "a", "a"]}
+    poise_round(trainer, random_features(8, 4, seed=15)[0], torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]))
+    # bootstrap round (RLOO, every row counted): b's rewards are all equal, nothing to reduce, no entry
+    assert "probe/b/variance_reduction" not in metrics
+    assert metrics["probe/a/variance_reduction"] == [pytest.approx(est.variance_reduction_ratio(
+        torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0.0, 1.0, 1.0, 1.0])))]
+    trainer.table_columns = {"task": ["a", "a", "b", "b", "c", "c", "a", "a"]}
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
+    features = random_features(8, 4, seed=16)[0]
+    predictions, available = trainer.value_estimator.predict(features)
+    assert available.all()
+    poise_round(trainer, features, rewards)
+    baselines = predictions.view(-1, 2).flip(1).reshape(-1)
+    for task, rows in (("a", [0, 1, 6, 7]), ("b", [2, 3]), ("c", [4, 5])):
+        assert metrics[f"probe/{task}/variance_reduction"][-1] == pytest.approx(
+            est.variance_reduction_ratio(rewards[rows], baselines[rows]))
+
+
 def test_poise_compute_advantages_with_its_own_feature_pass(tmp_path, tiny_random_model_dir):
     # No TRL no-grad pass this round: POISE runs one of its own over prompt + completion.
     trainer = poise_trainer(tiny_random_model_dir, tmp_path / "run")

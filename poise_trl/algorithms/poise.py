@@ -413,6 +413,15 @@ class POISETrainer(AdvantageTrainer):
             vr = estimators.variance_reduction_ratio(rewards, baselines)
             metrics["probe/variance_reduction"].append(vr)
             record["variance_reduction"] = vr
+        # Per task, over the rows the pooled figure covers; a task whose rewards there are all equal has nothing
+        # to reduce and adds nothing (with a shared probe too: the task column is the data's, not the probe's).
+        tasks = self.table_columns.get("task")
+        counted = available if available.any() else torch.ones_like(available)
+        for task in sorted(set(tasks or ())):
+            rows = torch.tensor([name == task for name in tasks]) & counted
+            if rewards[rows].var(unbiased=False) > 0:
+                metrics[f"probe/{task}/variance_reduction"].append(
+                    estimators.variance_reduction_ratio(rewards[rows], baselines[rows]))
         self.probe_history.append(record)
 
     # -- checkpoints ------------------------------------------------------------------------

@@ -5,7 +5,9 @@ Each POISE run logs, every step on a task mix, `probe/<task>/variance_reduction`
 that task's rows of the step (the rows the probe gave baselines; a task whose rewards in the step are all
 equal logs nothing). Only steps where the probe gave the baselines count (the pooled `probe/variance_reduction`
 of `poise compare` counts the same steps). Per arm and task: the mean over a seed's steps, then over seeds,
-with a 95% bootstrap interval that redraws the seeds and, within each, its steps; the same means in equal
+with a 95% bootstrap interval that redraws the seeds and, within each, its steps (and the same for the pooled
+`probe/variance_reduction` of those steps, as "all tasks": it also counts the spread between tasks' mean
+rewards, which a task's own figure does not); the same means in equal
 slices of the token budget (the per-step curve); and for each pair of arms the difference, seeds paired.
 
     python benchmarks/probe_variance_by_task.py RUNS --arms poise_multitask poise_shared_multitask
@@ -30,6 +32,7 @@ from poise_trl.core.provenance import package_versions, write_json
 
 SAMPLES = 4000
 PREFIX, SUFFIX = "probe/", "/variance_reduction"
+POOLED = "all tasks"
 
 
 def per_task_series(train_log: list[dict]) -> dict[str, list[tuple[float, float]]]:
@@ -41,6 +44,8 @@ def per_task_series(train_log: list[dict]) -> dict[str, list[tuple[float, float]
         for key, value in entry.items():
             if key.startswith(PREFIX) and key.endswith(SUFFIX) and key != PREFIX + SUFFIX[1:]:
                 series.setdefault(key[len(PREFIX):-len(SUFFIX)], []).append((entry["generated_tokens"], value))
+        if series:  # the step's pooled figure beside its tasks' (between-task spread counts in it)
+            series.setdefault(POOLED, []).append((entry["generated_tokens"], entry[PREFIX + SUFFIX[1:]]))
     return series
 
 
@@ -115,7 +120,9 @@ def main() -> None:
 
     differences = {}
     for first, second in itertools.combinations(series, 2):
-        seeds = sorted(set(series[first]) & set(series[second]))
+        seeds = sorted(set(series[first]) & set(series[second]))  # paired: only seeds both arms logged
+        if not seeds:
+            continue
         for task in sorted(set(arms[first]["by_task"]) & set(arms[second]["by_task"])):
             a = [np.array([v for _, v in series[first][s][0][task]]) for s in seeds]
             b = [np.array([v for _, v in series[second][s][0][task]]) for s in seeds]

@@ -45,6 +45,8 @@ def test_a_known_difference_resolves_and_none_holds_zero(tmp_path):
     assert abs(a["mean"] - 0.3) < 0.02 and a["ci95"][0] < a["mean"] < a["ci95"][1]
     assert a["steps_per_seed"] == [40, 40, 40]  # the bootstrap steps (no probe/mae) are left out
     assert len(a["by_budget_slice"]) == 5 and all(abs(v - 0.3) < 0.05 for v in a["by_budget_slice"])
+    # the steps' pooled figure beside the tasks', over the same steps
+    assert result["arms"]["per_task"]["by_task"]["all tasks"]["mean"] == 0.1
     known = result["differences"]["per_task - shared"]["math:a"]
     assert known["resolved"] and 0.17 < known["mean"] < 0.23 and known["ci95"][0] > 0.1
     none = result["differences"]["per_task - shared"]["b"]

@@ -41,10 +41,11 @@ def per_task_series(train_log: list[dict]) -> dict[str, list[tuple[float, float]
     for entry in train_log:
         if entry.get("probe/mae") is None:  # bootstrap steps: RLOO's baselines, not the probe's
             continue
-        for key, value in entry.items():
-            if key.startswith(PREFIX) and key.endswith(SUFFIX) and key != PREFIX + SUFFIX[1:]:
-                series.setdefault(key[len(PREFIX):-len(SUFFIX)], []).append((entry["generated_tokens"], value))
-        if series:  # the step's pooled figure beside its tasks' (between-task spread counts in it)
+        by_task = {key[len(PREFIX):-len(SUFFIX)]: value for key, value in entry.items()
+                   if key.startswith(PREFIX) and key.endswith(SUFFIX) and key != PREFIX + SUFFIX[1:]}
+        for task, value in by_task.items():
+            series.setdefault(task, []).append((entry["generated_tokens"], value))
+        if by_task:  # the step's pooled figure beside its tasks' (between-task spread counts in it)
             series.setdefault(POOLED, []).append((entry["generated_tokens"], entry[PREFIX + SUFFIX[1:]]))
     return series
 

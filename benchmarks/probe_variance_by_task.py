@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from poise_trl.core.provenance import package_versions, write_json
+from poise_trl.run.compare import aggregate_bins, binned
 
 SAMPLES = 4000
 PREFIX, SUFFIX = "probe/", "/variance_reduction"
-POOLED = "all tasks"
+POOLED, POOLED_KEY = "all tasks", "probe/variance_reduction"
 
 
 def per_task_series(train_log: list[dict]) -> dict[str, list[tuple[float, float]]]:
@@ -42,30 +43,23 @@ def per_task_series(train_log: list[dict]) -> dict[str, list[tuple[float, float]
         if entry.get("probe/mae") is None:  # bootstrap steps: RLOO's baselines, not the probe's
             continue
         by_task = {key[len(PREFIX):-len(SUFFIX)]: value for key, value in entry.items()
-                   if key.startswith(PREFIX) and key.endswith(SUFFIX) and key != PREFIX + SUFFIX[1:]}
+                   if key.startswith(PREFIX) and key.endswith(SUFFIX) and key != POOLED_KEY}
         for task, value in by_task.items():
             series.setdefault(task, []).append((entry["generated_tokens"], value))
         if by_task:  # the step's pooled figure beside its tasks' (between-task spread counts in it)
-            series.setdefault(POOLED, []).append((entry["generated_tokens"], entry[PREFIX + SUFFIX[1:]]))
+            series.setdefault(POOLED, []).append((entry["generated_tokens"], entry[POOLED_KEY]))
     return series
 
 
-def bootstrap_mean(per_seed: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """Means over seeds of the seeds' step means, redrawing seeds and then steps within each."""
-    out = np.empty(SAMPLES)
-    for i in range(SAMPLES):
-        seeds = rng.integers(len(per_seed), size=len(per_seed))
-        out[i] = np.mean([rng.choice(per_seed[s], size=len(per_seed[s])).mean() for s in seeds])
-    return out
-
-
-def bootstrap_difference(first: list[np.ndarray], second: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """first - second, seeds paired (both redrawn with the same seed indices), steps redrawn within each run."""
+def bootstrap(rng: np.random.Generator, first: list[np.ndarray], second: list[np.ndarray] | None = None) -> np.ndarray:
+    """Means over seeds of the seeds' step means (of first - second, seeds paired, where `second` is given),
+    redrawing seeds (the same indices for both arms) and then steps within each run."""
     out = np.empty(SAMPLES)
     for i in range(SAMPLES):
         seeds = rng.integers(len(first), size=len(first))
         out[i] = np.mean([rng.choice(first[s], size=len(first[s])).mean()
-                          - rng.choice(second[s], size=len(second[s])).mean() for s in seeds])
+                          - (0.0 if second is None else rng.choice(second[s], size=len(second[s])).mean())
+                          for s in seeds])
     return out
 
 
@@ -106,17 +100,10 @@ def main() -> None:
         arms[arm] = {"seeds": sorted(runs), "by_task": {}}
         for task in tasks:
             per_seed = [np.array([v for _, v in found[task]]) for found, _ in runs.values() if task in found]
-            curve = []
-            for piece in range(args.slices):
-                means = []
-                for found, budget in runs.values():
-                    inside = [v for spent, v in found.get(task, [])
-                              if min(args.slices - 1, int(args.slices * max(spent - 1, 0) / budget)) == piece]
-                    if inside:
-                        means.append(float(np.mean(inside)))
-                curve.append(round(float(np.mean(means)), 4) if means else None)
+            curve = [None if piece["mean"] is None else round(piece["mean"], 4) for piece in aggregate_bins(
+                [binned(found.get(task, []), budget, args.slices) for found, budget in runs.values()])]
             point = float(np.mean([s.mean() for s in per_seed]))
-            arms[arm]["by_task"][task] = {**interval(point, bootstrap_mean(per_seed, rng)),
+            arms[arm]["by_task"][task] = {**interval(point, bootstrap(rng, per_seed)),
                                           "steps_per_seed": [len(s) for s in per_seed], "by_budget_slice": curve}
 
     differences = {}
@@ -129,7 +116,7 @@ def main() -> None:
             b = [np.array([v for _, v in series[second][s][0][task]]) for s in seeds]
             point = float(np.mean([x.mean() - y.mean() for x, y in zip(a, b, strict=True)]))
             differences.setdefault(f"{first} - {second}", {})[task] = {
-                **interval(point, bootstrap_difference(a, b, rng)), "seeds": seeds}
+                **interval(point, bootstrap(rng, a, b)), "seeds": seeds}
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     payload = {"command": "python benchmarks/probe_variance_by_task.py " + " ".join(sys.argv[1:]),

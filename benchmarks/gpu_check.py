@@ -15,11 +15,12 @@ installed here) into `.gpu_check_wheels/` (ignored by git; with the tracked tree
 
 `run` builds a random-init Qwen3 at the 1.7B geometry (real vocabulary, 28 blocks, width 2048) with Qwen3's
 tokenizer, saved in bf16; POISE and GRPO take turns step by step (step_cost's baton: two processes, one
-computing at a time; 2 runs with the arm going first alternating, each 1 warmup + 2 measured steps per arm:
-4 measured steps each; 16 prompts x 2 rollouts, 512-token completions,
-transformers generation, micro-batches of 8 rows with gradient checkpointing); the step-time ratio with its
-interval; each arm's CUDA allocator peak beside `poise plan`'s estimate of the same recipe; and the probe's
-refit at 4096 rows x width 2048 on CUDA (poise_scale's fit point). One JSON artefact. `--device cpu --shape
+computing at a time; one run of 1 warmup + 4 measured steps per arm, POISE stepping first: two warmups
+where two runs of 2 measured steps took four, which is what fits the 8 minutes; 16 prompts x 2 rollouts,
+512-token completions, transformers generation, micro-batches of 8 rows with gradient checkpointing); the
+step-time ratio with its interval (over one run's steps); each arm's CUDA allocator peak beside `poise plan`'s
+estimate of the same recipe; and the probe's refit at 4096 rows x width 2048 on CUDA (poise_scale's fit
+point). One JSON artefact. `--device cpu --shape
 tiny` with smaller `--prompts/--completion-length/--steps/--fit-*` runs the same path on the CPU (the test).
 """
 
@@ -294,8 +295,9 @@ def main() -> None:
     # toy-arith's prompts through Qwen3's chat template: 27 tokens in plan_vs_measured.json's batches
     go.add_argument("--prompt-length", type=int, default=32, help="prompt tokens the plan assumes")
     go.add_argument("--micro-batch", type=int, default=8, help="rows per training micro-batch")
-    go.add_argument("--steps", type=int, default=2, help="measured steps per arm and run, after 1 warmup")
-    go.add_argument("--replicates", type=int, default=2, help="runs of the pair, the first arm alternating")
+    go.add_argument("--steps", type=int, default=4, help="measured steps per arm and run, after 1 warmup")
+    go.add_argument("--replicates", type=int, default=1,
+                    help="runs of the pair (fresh processes, the first arm alternating), each with its warmup")
     go.add_argument("--fit-rows", type=int, default=4096)
     go.add_argument("--fit-width", type=int, default=2048)
     go.add_argument("--output", default="benchmarks/results/gpu_check.json")

@@ -58,7 +58,7 @@ def test_whole_check_runs_on_the_cpu_at_a_tiny_shape(tmp_path):
     output = tmp_path / "gpu_check.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     subprocess.run([sys.executable, "benchmarks/gpu_check.py", "run", "--device", "cpu", "--shape", "tiny",
-                    "--prompts", "2", "--completion-length", "8", "--micro-batch", "2", "--steps", "1",
+                    "--prompts", "2", "--completion-length", "8", "--micro-batch", "2", "--steps", "2",
                     "--fit-rows", "256", "--fit-width", "32", "--output", str(output)],
                    cwd=REPO, env=env, check=True, timeout=900)
     result = json.loads(output.read_text())

@@ -20,8 +20,8 @@ where two runs of 2 measured steps took four, which is what fits the 8 minutes; 
 512-token completions, transformers generation, micro-batches of 8 rows with gradient checkpointing); the
 step-time ratio with its interval (over one run's steps); each arm's CUDA allocator peak beside `poise plan`'s
 estimate of the same recipe; and the probe's refit at 4096 rows x width 2048 on CUDA (poise_scale's fit
-point). One JSON artefact. `--device cpu --shape
-tiny` with smaller `--prompts/--completion-length/--steps/--fit-*` runs the same path on the CPU (the test).
+point). One JSON artefact. `--device cpu --shape tiny` with smaller
+`--prompts/--completion-length/--steps/--fit-*` runs the same path on the CPU (the test).
 """
 
 from __future__ import annotations

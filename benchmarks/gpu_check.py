@@ -16,8 +16,8 @@ installed here) into `.gpu_check_wheels/` (ignored by git; with the tracked tree
 `run` builds a random-init Qwen3 at the 1.7B geometry (real vocabulary, 28 blocks, width 2048) with Qwen3's
 tokenizer, saved in bf16; POISE and GRPO take turns step by step (step_cost's baton: two processes, one
 computing at a time; one run of 1 warmup + 4 measured steps per arm, POISE stepping first: two warmups
-where two runs of 2 measured steps took four, which is what fits the 8 minutes; 16 prompts x 2 rollouts,
-512-token completions, transformers generation, micro-batches of 8 rows with gradient checkpointing); the
+where two runs of 2 measured steps took four, meant to fit the 8 minutes (not yet run on a GPU); 16 prompts
+x 2 rollouts, 512-token completions, transformers generation, micro-batches of 8 rows with gradient checkpointing); the
 step-time ratio with its interval (over one run's steps); each arm's CUDA allocator peak beside `poise plan`'s
 estimate of the same recipe; and the probe's refit at 4096 rows x width 2048 on CUDA (poise_scale's fit
 point). One JSON artefact. `--device cpu --shape tiny` with smaller

@@ -68,7 +68,7 @@ class Recorder:
 
             model.generate = generate
         held_out = next(c for c in trainer.callback_handler.callbacks if isinstance(c, HeldOutEvalCallback))
-        evaluate = held_out._evaluate
+        evaluate = held_out._run_evaluation
 
         def evaluate_unrecorded(*args, **kwargs):
             self.evaluating = True
@@ -77,7 +77,7 @@ class Recorder:
             finally:
                 self.evaluating = False
 
-        held_out._evaluate = evaluate_unrecorded
+        held_out._run_evaluation = evaluate_unrecorded
         return trainer
 
     def tokens(self, name: str, eos: list[int]) -> list[int]:

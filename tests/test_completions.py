@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from helpers import assert_parameters_moved, build_trainer, digit_parity_reward, trainable_parameters
 
-from poise_trl.algorithms.completions import COMPLETIONS_FILE, truncate_after
+from poise_trl.core.completions import COMPLETIONS_FILE, truncate_after
 
 CHAIN_SUM, LEG_COUNTING = "reasoning-gym:chain_sum", "reasoning-gym:leg_counting"
 SHORT_PROMPT = {"system_prompt": "direct"}

@@ -252,9 +252,9 @@ def test_capture_is_unusable_when_generate_does_not_feed_one_token_per_step():
 class FeatureRecordingPOISE(POISETrainer):
     """Keeps the features each round handed to the probe."""
 
-    def _features_for(self, output):
-        self.recorded_features = super()._features_for(output)
-        return self.recorded_features
+    def compute_advantages(self, rewards, output):
+        self.recorded_features = self.round.features
+        return super().compute_advantages(rewards, output)
 
 
 def recipe(model_dir, **overrides):
@@ -268,13 +268,14 @@ def recipe(model_dir, **overrides):
 def test_trainer_reads_features_from_trls_generate_call(tmp_path, bundled_model_dir):
     trainer = build_trainer(recipe(bundled_model_dir, max_completion_length=40), tmp_path / "run",
                             trainer_class=FeatureRecordingPOISE)
-    assert trainer.generation_capture_blocker is None and not trainer._trl_runs_no_grad_pass()
+    assert trainer.generation_capture_blocker is None and not trainer.trl_runs_no_grad_pass()
     trainer.model.train()
     inputs = [trainer.train_dataset[i] for i in range(4) for _ in range(2)]
     output = trainer._generate_and_score_completions(inputs)
     assert trainer.feature_sources == {"trl_pass": 0, "generation": 1, "extra_pass": 0}
     assert trainer.policy_forward_passes == 0  # no pass of POISE's own
-    reference = trainer._extra_pass_features(output)  # the pass it replaces, on the same rollouts
+    reference, source = trainer.round_features(output)  # the pass it replaces, on the same rollouts
+    assert source == "extra_pass"
     assert_features_close(trainer.recorded_features, reference)
     lengths = output["completion_mask"].sum(1)
     assert lengths.min() < 40 and lengths.max() == 40  # rows that finished early beside rows cut at the limit

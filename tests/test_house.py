@@ -14,8 +14,8 @@ import pytest
 from helpers import assert_parameters_moved, build_trainer, trainable_parameters
 
 from poise_trl.algorithms import algorithms
-from poise_trl.algorithms.base import TrainerContract
 from poise_trl.run.recipe import parse_recipe
+from poise_trl.seam.trainer import TrainerSeam
 from poise_trl.tasks import TaskError, get_family, load_prompt_dataset, score_rows, task_rows
 from poise_trl.tasks.rewards import get_reward_functions
 
@@ -28,6 +28,7 @@ LEVELS: list[dict[str, tuple[str, ...]]] = [
     {"cli": ("poise_trl.cli",)},
     {"run": ("poise_trl.run",)},
     {"evaluation": ("poise_trl.evaluation",), "algorithms": ("poise_trl.algorithms",)},
+    {"seam": ("poise_trl.seam",)},
     {"engines": ("poise_trl.engines",), "probe": ("poise_trl.probe",)},
     {"tasks": ("poise_trl.tasks",)},
     {"core": ("poise_trl.core",)},
@@ -209,7 +210,7 @@ def test_every_algorithm_declares_itself_and_keeps_the_trainer_contract():
     assert {"grpo", "poise", "asyppo", "ppo", "vapo", "dapo", "rloo", "reinforce_pp", "a2po"} <= known.keys()
     for name, algorithm in known.items():
         assert algorithm.name == name and algorithm.display_name
-        assert issubclass(algorithm.trainer_class, TrainerContract), name
+        assert issubclass(algorithm.trainer_class, TrainerSeam), name
     # the defining settings are the config class's own defaults
     assert parse_recipe({"algo": "poise"}).args.num_generations == 2
     assert parse_recipe({"algo": "vapo", "per_device_train_batch_size": 16}).args.value_warmup_steps == 50

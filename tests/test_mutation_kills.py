@@ -15,6 +15,7 @@ from poise_trl.core import estimators as est
 from poise_trl.core.metrics import pearson
 from poise_trl.probe.estimator import GroupBuffer, LinearValueProbe, ProbeEstimator, _fit_pca, _fit_pca_fast
 from poise_trl.probe.features import RolloutFeatures
+from poise_trl.seam.grpo import Round
 from poise_trl.tasks.family import answer_part, extract_tagged_answer
 from poise_trl.tasks.math_grader import all_boxed, normalize_gold_answer
 
@@ -381,9 +382,9 @@ def poise_trainer(model_dir, out, **overrides):
     return build_trainer(recipe, out)
 
 
-def poise_round(trainer, features, rewards):
+def poise_round(trainer, features, rewards, inputs=(), columns=None):
     """One generation round's advantages, the features delivered as TRL's own no-grad pass delivers them."""
-    trainer._step_features = features
+    trainer.round = Round(list(inputs), features=features, feature_source="trl_pass", table_columns=columns or {})
     return trainer.compute_advantages(rewards, {})
 
 
@@ -395,7 +396,7 @@ def test_poise_compute_advantages_bootstrap_then_cross_rollout(tmp_path, tiny_ra
     # bootstrap round (docs/algorithms.md, "Bootstrap"): RLOO, A_1 = r_1 - r_2
     trainer._step_floor = torch.tensor([True, False])  # prompt selection: group 0 from the random floor
     exact(poise_round(trainer, first, rewards.double()), [1.0, -1.0, 0.0, 0.0])
-    assert trainer.table_columns["baseline"] == [0.0, 1.0, 1.0, 1.0]  # b = r - A, RLOO's partner reward
+    assert trainer.round.table_columns["baseline"] == [0.0, 1.0, 1.0, 1.0]  # b = r - A, RLOO's partner reward
     # share of zero-signal groups (all rewards equal) among the floor's and the probe's prompts
     assert metrics["selection/zero_signal_floor"] == [0.0] and metrics["selection/zero_signal_probe"] == [1.0]
     assert metrics["probe/active_fraction"] == [0.0] and metrics["probe/features_from_trl_pass"] == [1.0]
@@ -410,7 +411,7 @@ def test_poise_compute_advantages_bootstrap_then_cross_rollout(tmp_path, tiny_ra
     advantages = poise_round(trainer, second, rewards.double())
     assert advantages.dtype == torch.float32  # the probe's float32 arithmetic, whatever the rewards' dtype
     exact(advantages, rewards - predictions.view(-1, 2).flip(1).reshape(-1))
-    exact(torch.tensor(trainer.table_columns["baseline"]), predictions.view(-1, 2).flip(1).reshape(-1))
+    exact(torch.tensor(trainer.round.table_columns["baseline"]), predictions.view(-1, 2).flip(1).reshape(-1))
     assert metrics["probe/active_fraction"][-1] == 1.0 and metrics["probe/invariant_max_abs_error"][-1] == 0.0
     assert metrics["probe/buffer_rows"][-1] == 8.0 and trainer.value_estimator.refit_count == 2
     record = trainer.probe_history[-1]
@@ -422,15 +423,14 @@ def test_poise_compute_advantages_mixes_probe_and_rloo_by_group(tmp_path, tiny_r
     trainer = poise_trainer(tiny_random_model_dir, tmp_path / "run", probe_domain_column="task", num_generations=4,
                             per_device_train_batch_size=8)
     features, _ = random_features(8, 4, seed=13)
-    trainer._step_inputs = [{"task": "a"}] * 4 + [{"task": "b"}] * 4
-    poise_round(trainer, features, torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]))
+    poise_round(trainer, features, torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]),
+                inputs=[{"task": "a"}] * 4 + [{"task": "b"}] * 4)
     # domain "c" has no fitted probe: its group falls back to RLOO, domain "a"'s uses the probe with
     # b_i = the mean of the 3 siblings' predictions (POISE paper, Sec. 3.2 for G > 2)
-    trainer._step_inputs = [{"task": "a"}] * 4 + [{"task": "c"}] * 4
     second, _ = random_features(8, 4, seed=14)
     predictions, _ = trainer.value_estimator.predict(second, ["a"] * 4 + ["c"] * 4)
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
-    advantages = poise_round(trainer, second, rewards)
+    advantages = poise_round(trainer, second, rewards, inputs=[{"task": "a"}] * 4 + [{"task": "c"}] * 4)
     exact(advantages[:4], rewards[:4] - est.cross_rollout_baselines(predictions[:4], 4))
     exact(advantages[4:], [1.0, -1.0 / 3, -1.0 / 3, -1.0 / 3])
     assert trainer._metrics["train"]["probe/active_fraction"][-1] == 0.5
@@ -439,18 +439,18 @@ def test_poise_compute_advantages_mixes_probe_and_rloo_by_group(tmp_path, tiny_r
 def test_poise_logs_the_variance_reduction_of_each_task_over_the_probes_rows(tmp_path, tiny_random_model_dir):
     trainer = poise_trainer(tiny_random_model_dir, tmp_path / "run", num_generations=2, per_device_train_batch_size=8)
     metrics = trainer._metrics["train"]
-    trainer.table_columns = {"task": ["a", "a", "b", "b", "c", "c", "a", "a"]}
-    poise_round(trainer, random_features(8, 4, seed=15)[0], torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]))
+    tasks = {"task": ["a", "a", "b", "b", "c", "c", "a", "a"]}
+    poise_round(trainer, random_features(8, 4, seed=15)[0], torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]),
+                columns=tasks)
     # bootstrap round (RLOO, every row counted): b's rewards are all equal, nothing to reduce, no entry
     assert "probe/b/variance_reduction" not in metrics
     assert metrics["probe/a/variance_reduction"] == [pytest.approx(est.variance_reduction_ratio(
         torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0.0, 1.0, 1.0, 1.0])))]
-    trainer.table_columns = {"task": ["a", "a", "b", "b", "c", "c", "a", "a"]}
     rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0])
     features = random_features(8, 4, seed=16)[0]
     predictions, available = trainer.value_estimator.predict(features)
     assert available.all()
-    poise_round(trainer, features, rewards)
+    poise_round(trainer, features, rewards, columns=tasks)
     baselines = predictions.view(-1, 2).flip(1).reshape(-1)
     for task, rows in (("a", [0, 1, 6, 7]), ("b", [2, 3]), ("c", [4, 5])):
         assert metrics[f"probe/{task}/variance_reduction"][-1] == pytest.approx(
@@ -458,13 +458,15 @@ def test_poise_logs_the_variance_reduction_of_each_task_over_the_probes_rows(tmp
 
 
 def test_poise_compute_advantages_with_its_own_feature_pass(tmp_path, tiny_random_model_dir):
-    # No TRL no-grad pass this round: POISE runs one of its own over prompt + completion.
+    # No TRL no-grad pass this round: the seam runs one of its own over prompt + completion.
     trainer = poise_trainer(tiny_random_model_dir, tmp_path / "run")
     g = torch.Generator().manual_seed(0)
     vocab = len(trainer.processing_class)
     output = {"prompt_ids": torch.randint(3, vocab, (4, 3), generator=g), "prompt_mask": torch.ones(4, 3).long(),
               "completion_ids": torch.randint(3, vocab, (4, 4), generator=g),
               "completion_mask": torch.ones(4, 4).long()}
+    trainer.round = Round([])
+    trainer.round.features, trainer.round.feature_source = trainer.round_features(output)
     exact(trainer.compute_advantages(torch.tensor([0.0, 1.0, 1.0, 0.0]), output), [-1.0, 1.0, 1.0, -1.0])
     assert trainer._metrics["train"]["probe/features_from_extra_pass"] == [1.0]
     assert len(trainer.value_estimator.buffers["all"]) == 4

@@ -15,19 +15,13 @@ from helpers import VARYING_REWARD
 from trl import GRPOConfig
 
 from poise_trl.algorithms import algorithms
-from poise_trl.algorithms.base import (
-    ALGORITHMS,
-    AdvantageTrainer,
-    RunCallback,
-    Signal,
-    logged,
-    register_algorithm,
-)
+from poise_trl.algorithms.base import ALGORITHMS, RunCallback, Signal, logged, register_algorithm
 from poise_trl.core.provenance import write_json
 from poise_trl.run.compare import log_series
 from poise_trl.run.plan import plan_recipe
 from poise_trl.run.recipe import parse_recipe
 from poise_trl.run.train import train_from_recipe
+from poise_trl.seam.grpo import GRPOSeam
 
 NAME = "running_mean"
 STATE_FILE = "running_mean.json"
@@ -43,7 +37,7 @@ class RunningMeanConfig(GRPOConfig):
     baseline_decay: float = field(default=0.5, metadata={"help": "Weight of the old baseline per update."})
 
 
-class RunningMeanTrainer(AdvantageTrainer):
+class RunningMeanTrainer(GRPOSeam):
     """A = r - b, with b a running mean of the rewards of earlier rounds: state that outlives a round, so it
     goes into every checkpoint (`save_side_state`) and comes back on resume (`load_side_state`)."""
 
@@ -57,7 +51,7 @@ class RunningMeanTrainer(AdvantageTrainer):
         self.baseline_history.append({"step": self.state.global_step, "baseline": self.baseline})
         decay = self.args.baseline_decay
         self.baseline = decay * self.baseline + (1 - decay) * rewards.mean().item()
-        self._metrics["train"]["running_mean/baseline"].append(self.baseline)
+        self.log_metric("running_mean/baseline", self.baseline)
         return self.local_rows(advantages)
 
     def save_side_state(self, checkpoint: Path) -> None:

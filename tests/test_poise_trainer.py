@@ -80,7 +80,7 @@ def test_resume_without_probe_state_fails_loudly(tmp_path, tiny_random_model_dir
 def test_reuses_trls_no_grad_pass_when_it_runs(tmp_path, tiny_random_model_dir):
     """With num_iterations=2 TRL computes old_per_token_logps itself: POISE adds no pass."""
     trainer = make_trainer(tiny_random_model_dir, tmp_path / "a", num_iterations=2, max_steps=2)
-    assert trainer._trl_runs_no_grad_pass()
+    assert trainer.trl_runs_no_grad_pass()
     before = trainable_parameters(trainer)
     trainer.train()
     assert_parameters_moved(before, trainer)
@@ -89,7 +89,7 @@ def test_reuses_trls_no_grad_pass_when_it_runs(tmp_path, tiny_random_model_dir):
     assert trainer.feature_sources == {"trl_pass": 1, "generation": 0, "extra_pass": 0}
 
     plain = make_trainer(tiny_random_model_dir, tmp_path / "b", max_steps=2)
-    assert not plain._trl_runs_no_grad_pass()
+    assert not plain.trl_runs_no_grad_pass()
     before = trainable_parameters(plain)
     plain.train()
     assert_parameters_moved(before, plain)

@@ -69,7 +69,7 @@ def test_k1_in_reward_gives_globally_normalized_token_advantages(tmp_path, tiny_
     adv = output["advantages"]
     assert adv.shape == mask.shape
     # Eq. (4) -> (5) by hand from the pieces: k1 of pi_old (= the policy now) against pi_ref
-    rewards = trainer._step_rewards_per_func.sum(dim=1)
+    rewards = trainer.round.rewards_per_func.sum(dim=1)
     kl = policy_logps(trainer, output) - output["ref_per_token_logps"]
     returns = est.returns_to_go(est.kl_penalized_token_rewards(rewards, kl, mask, 0.05), mask)
     torch.testing.assert_close(adv, est.masked_whiten(returns, mask), atol=1e-5, rtol=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import VARYING_REWARD, assert_saved_weights_moved
 
-from poise_trl.algorithms.completions import COMPLETIONS_FILE
+from poise_trl.core.completions import COMPLETIONS_FILE
 
 TESTS = Path(__file__).parent  # the recipes' reward lives in tests/helpers.py
 CHAIN_SUM, LEG_COUNTING = "reasoning-gym:chain_sum", "reasoning-gym:leg_counting"

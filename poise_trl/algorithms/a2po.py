@@ -1,7 +1,8 @@
 """A*-PO (arXiv 2505.20686; TRL's `trl.experimental.a2po.A2POTrainer`), counted like the GRPO-based arms.
 
-`CountingA2POTrainer` adds the counters `poise train` / `poise compare` read (both stages' generation
-counts in the budget), per-task rewards, and checkpoints that hold V* and the filtered train set.
+`CountingA2POTrainer` (on the seam's `A2POSeam`) adds the counters `poise train` / `poise compare` read (both
+stages' generation counts in the budget), per-task rewards, and checkpoints that hold V* and the filtered train
+set.
 Transformers generation only; LoRA is refused. Details: docs/algorithms.md ("A*-PO").
 """
 
@@ -21,13 +22,13 @@ from trl.data_utils import maybe_apply_chat_template
 from trl.import_utils import suppress_experimental_warning
 
 with suppress_experimental_warning():  # as TRL's own imports of trl.experimental; the registry says "experimental"
-    from trl.experimental.a2po import A2POConfig, A2POTrainer
+    from trl.experimental.a2po import A2POConfig
 
-from poise_trl.algorithms.base import Signal, TrainerContract, logged, record_task_rewards, register_algorithm, setting
-from poise_trl.algorithms.completions import CompletionTable
+from poise_trl.algorithms.base import Signal, logged, register_algorithm, setting
 from poise_trl.core.distributed import summed_over_processes
 from poise_trl.core.loading import RecipeError
 from poise_trl.core.provenance import write_json
+from poise_trl.seam.a2po import A2POSeam
 
 A2PO_STATE_FILE = "a2po_state.json"
 ZERO_TARGET_TOLERANCE = 1e-6
@@ -72,7 +73,7 @@ def recording_generate(model, on_output):
             model.generate = own
 
 
-class CountingA2POTrainer(TrainerContract, A2POTrainer):
+class CountingA2POTrainer(A2POSeam):
     """TRL's A2POTrainer with poise-trl's counters, budget checks and resumable stage 1."""
 
     def __init__(self, model, reward_funcs, args=None, train_dataset=None, eval_dataset=None, processing_class=None,
@@ -84,8 +85,6 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers)
         self.init_counters()
-        self.completion_table = (CompletionTable(self.args.output_dir, self.accelerator.is_main_process)
-                                 if self.args.log_completions else None)
         self.stage1_tokens: int | None = None  # None until stage 1 ran (or came back from a checkpoint)
         self.stage1_rollouts: int | None = None
         self.stage1_seconds: float | None = None
@@ -124,7 +123,7 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
                               f"{self.args.max_completion_length}); it stops with an error as soon as it passes the "
                               "budget", stacklevel=3)
 
-    def _estimate_optimal_values(self):
+    def run_stage1(self, estimate):
         callback = self._eval_callback()
         budget = callback.budget if callback is not None else None
         tokens = rollouts = 0
@@ -150,7 +149,7 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
 
         generator = self.accelerator.unwrap_model(self.ref_model)  # what TRL's unwrap_model_for_generation yields
         with recording_generate(generator, count):
-            super()._estimate_optimal_values()
+            estimate()
         self.stage1_seconds = time.perf_counter() - started
         if callback is not None:
             # Stage 1 runs before the Trainer's first step, where the callback's clocks do not run:
@@ -178,8 +177,7 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
 
     # -- stage 2 ------------------------------------------------------------------------------------
 
-    def _prepare_inputs(self, inputs):
-        output = super()._prepare_inputs(inputs)
+    def on_stage2_batch(self, inputs, output):
         if self.model.training:
             completion_ids = output["input_ids"][:, -output["logits_to_keep"]:]
             lengths = completion_lengths(completion_ids, self.eos_token_ids)
@@ -189,13 +187,11 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
             self.generated_tokens += tokens
             self.generated_rollouts += rollouts
             self.zero_signal_rollouts += zero_signal
-            self._metrics["train"]["zero_signal_fraction"].append(zero_signal / rollouts)
+            self.log_metric("zero_signal_fraction", zero_signal / rollouts)
             if self.completion_table is not None:
                 self._record_completions(inputs, output, completion_ids)
         if "task" in inputs[0]:  # this process's rows, as TRL's A2PO logs its `reward`
-            mode = "train" if self.model.training else "eval"
-            record_task_rewards(self._metrics[mode], [row["task"] for row in inputs], output["rewards"].tolist())
-        return output
+            self.log_task_rewards([row["task"] for row in inputs], output["rewards"].tolist())
 
     def _record_completions(self, inputs: list[dict], output: dict, completion_ids: torch.Tensor) -> None:
         """A*-PO's row of the completion table: its baseline is V*(x), its advantage r - V*(x) (Eq. 3)."""
@@ -217,18 +213,14 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:
-            logs = {**logs, **self.pending_logs, "generated_tokens": self.generated_tokens,
-                    "generated_rollouts": self.generated_rollouts, "zero_signal_rollouts": self.zero_signal_rollouts}
-            self.pending_logs = {}
+            logs = {**logs, "zero_signal_rollouts": self.zero_signal_rollouts}
         super().log(logs, start_time)
-        if self.completion_table is not None:
-            self.completion_table.flush()
 
     # -- checkpoints --------------------------------------------------------------------------------
 
     def _a2po_state(self) -> dict:
         return {
-            "optimal_values": self._optimal_values,  # keyed by the chat-templated prompt, as TRL keys them
+            "optimal_values": self.optimal_values,  # keyed by the chat-templated prompt, as TRL keys them
             "train_prompts": [self._prompt_text(example) for example in self.train_dataset],  # after the filter
             "stage1_tokens": self.stage1_tokens,
             "stage1_rollouts": self.stage1_rollouts,
@@ -266,7 +258,7 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
             raise ValueError(f"checkpoint {checkpoint} holds A*-PO state for another train set (dataset, "
                              "dataset_size or seed differ): resume with the same settings or start afresh")
         self.train_dataset = self.train_dataset.select(kept)
-        self._optimal_values = state["optimal_values"]
+        self.optimal_values = state["optimal_values"]
         self.stage1_tokens, self.stage1_rollouts = state["stage1_tokens"], state["stage1_rollouts"]
         self.stage1_seconds = state["stage1_seconds"]
         # HeldOutEvalCallback's ledger sets the same totals again at train begin, when it is there.
@@ -279,7 +271,7 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
         checkpoint = resume_from_checkpoint
         if checkpoint is True:
             checkpoint = get_last_checkpoint(self.args.output_dir)
-        if checkpoint and self._optimal_values is None:
+        if checkpoint and self.optimal_values is None:
             self.restore_stage1(checkpoint)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 

@@ -14,12 +14,13 @@ from pathlib import Path
 import torch
 from trl import GRPOConfig
 
-from poise_trl.algorithms.base import AdvantageTrainer, CompareTable, register_algorithm, setting
+from poise_trl.algorithms.base import CompareTable, register_algorithm, setting
 from poise_trl.algorithms.critic_report import CriticReportCallback
 from poise_trl.algorithms.critics import STATE_FILE, CriticEnsemble
 from poise_trl.core import estimators
 from poise_trl.core.distributed import gather_padded
 from poise_trl.core.loading import resolve_model_path
+from poise_trl.seam.grpo import GRPOSeam
 
 CRITICS_DIR = "critics"
 CRITIC_VALUES = ("before_update", "after_update", "cross_fit")
@@ -141,7 +142,7 @@ class VAPOConfig(PPOConfig):
     num_generations: int | None = setting(16, "Rollouts per prompt (group sampling).")
 
 
-class AsyPPOTrainer(AdvantageTrainer):
+class AsyPPOTrainer(GRPOSeam):
     """GRPOTrainer whose per-token advantages come from GAE on an ensemble of critics."""
 
     def __init__(self, model, *args, **kwargs):
@@ -152,7 +153,7 @@ class AsyPPOTrainer(AdvantageTrainer):
         )
         # TRL's entropy bonus averages over every token; AsyPPO's skips the high-disagreement
         # ones (AsyPPO paper, I^H), so `_compute_loss` below adds it instead, with TRL's scaling.
-        self._entropy_bonus_enabled = False
+        self.disable_trl_entropy_bonus()
         self.critics = CriticEnsemble(
             self._critic_path(model),
             cfg.num_critics,
@@ -174,7 +175,6 @@ class AsyPPOTrainer(AdvantageTrainer):
                 f"critic_model {self.critics.model_path!r} has {embeddings} token embeddings but the actor's "
                 f"tokenizer has {len(self.processing_class)} tokens: the critic must share the actor's tokenizer"
             )
-        self._loss_forward = None
         self.critic_history: list[dict] = []  # one record per generation round
 
     def _critic_path(self, model) -> str:
@@ -218,7 +218,7 @@ class AsyPPOTrainer(AdvantageTrainer):
         assignment = assignment.to(mask.device)
         fit = self.critics.update(input_ids, attention_mask, width, targets, mask, assignment)
         for name, number in fit.items():
-            self._metrics["train"][f"critic/{name}"].append(number)
+            self.log_metric(f"critic/{name}", number)
 
         # V-bar for GAE (AsyPPO paper, step 3), from the critics as `critic_values` says.
         if cfg.critic_values == "before_update":
@@ -257,19 +257,19 @@ class AsyPPOTrainer(AdvantageTrainer):
         positive = (local_rewards >= cfg.positive_reward_threshold).float()
         output["positive"] = positive
         output["num_positive_tokens"] = self.accelerator.gather((mask * positive.unsqueeze(1)).sum()).sum()
-        self._metrics["train"]["vapo/positive_fraction"].append(self.accelerator.gather(positive).mean().item())
+        self.log_metric("vapo/positive_fraction", self.accelerator.gather(positive).mean().item())
         if cfg.length_adaptive_alpha is not None:
-            self._metrics["train"]["vapo/lambda_policy_mean"].append(self.accelerator.gather(lam_policy).mean().item())
-        self._metrics["train"]["vapo/actor_frozen"].append(float(self._actor_frozen()))
+            self.log_metric("vapo/lambda_policy_mean", self.accelerator.gather(lam_policy).mean().item())
+        self.log_metric("vapo/actor_frozen", float(self._actor_frozen()))
         return self.local_rows(g_adv)[:, :width]
 
-    def _log_advantages(self, advantages, completion_mask) -> None:
+    def log_advantages(self, advantages, completion_mask) -> None:
         # The base class gathers advantages[mask], whose length differs between ranks (a
         # collective size mismatch under several processes); gather the padded (B, T) instead.
         values = gather_padded(self.accelerator, advantages)
         values = values[gather_padded(self.accelerator, completion_mask).bool()].float()
-        self._metrics["train"]["advantages/mean"].append(values.mean().item())
-        self._metrics["train"]["advantages/std"].append(values.std().item() if values.numel() > 1 else 0.0)
+        self.log_metric("advantages/mean", values.mean().item())
+        self.log_metric("advantages/std", values.std().item() if values.numel() > 1 else 0.0)
 
     def _log_critic_round(self, mask, critic_std, low, high, prior_value, value, targets, advantages, rewards,
                           raw_std) -> dict:
@@ -278,7 +278,6 @@ class AsyPPOTrainer(AdvantageTrainer):
         `explained_variance` is that of the values GAE used; `..._prior` of the values before this round's
         update (out of sample); `..._first_token` on V(s_0); `mc_sign_agreement`: see `sign_agreement`.
         """
-        metrics = self._metrics["train"]
         valid = mask.bool()
         n_valid = valid.sum().clamp(min=1)
         first = valid[:, 0]
@@ -302,37 +301,26 @@ class AsyPPOTrainer(AdvantageTrainer):
         }
         for key in ("explained_variance", "explained_variance_prior", "explained_variance_first_token",
                     "explained_variance_prior_first_token", "mc_sign_agreement", "value_mean", "return_mean"):
-            metrics[f"critic/{key}"].append(record[key])
-        metrics["advantages/raw_std"].append(raw_std)
+            self.log_metric(f"critic/{key}", record[key])
+        self.log_metric("advantages/raw_std", raw_std)
         if len(self.critics) > 1:
             quantiles = torch.quantile(critic_std[valid].float(), torch.tensor([0.1, 0.5, 0.9], device=mask.device))
             for name, q in zip(("p10", "p50", "p90"), quantiles.tolist(), strict=True):
-                metrics[f"critic/std_{name}"].append(q)
-            metrics["asyppo/adv_masked_fraction"].append(record["adv_masked_fraction"])
-            metrics["asyppo/entropy_filtered_fraction"].append(record["entropy_filtered_fraction"])
+                self.log_metric(f"critic/std_{name}", q)
+            self.log_metric("asyppo/adv_masked_fraction", record["adv_masked_fraction"])
+            self.log_metric("asyppo/entropy_filtered_fraction", record["entropy_filtered_fraction"])
         return record
 
     # -- loss -------------------------------------------------------------------------------
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                           batch_size=None, compute_entropy=False, **kwargs):
-        out = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
-        )
-        if torch.is_grad_enabled():  # the loss's own forward: keep it for the extra terms below
-            self._loss_forward = out
-        return out
-
-    def _compute_loss(self, model, inputs):
+    def policy_loss(self, model, inputs):
         if not self.model.training:
-            return super()._compute_loss(model, inputs)
+            return super().policy_loss(model, inputs)
         if self._actor_frozen():
             # VAPO's value pretraining: a zero loss with no graph leaves every .grad None, so AdamW skips
             # even its weight decay.
             return torch.zeros((), device=self.accelerator.device, requires_grad=True)
-        loss = super()._compute_loss(model, inputs)
-        per_token_logps, entropies, _ = self._loss_forward
-        self._loss_forward = None
+        loss, (per_token_logps, entropies, _) = self.trl_loss(model, inputs)
         cfg = self.args
         mask = inputs["completion_mask"].float()
         kept = mask * (1.0 - inputs["entropy_filter"])
@@ -341,7 +329,7 @@ class AsyPPOTrainer(AdvantageTrainer):
             for name, weights in (("entropy_kept", kept), ("entropy_dropped", mask - kept)):
                 totals = self.accelerator.reduce(torch.stack([(entropies * weights).sum(), weights.sum()]).detach())
                 if totals[1] > 0:
-                    self._metrics["train"][f"asyppo/{name}"].append((totals[0] / totals[1]).item())
+                    self.log_metric(f"asyppo/{name}", (totals[0] / totals[1]).item())
         if self.entropy_coef:
             # AsyPPO paper, beta * (1/|o|) sum_t I^H_t H_t inside J_PPO's per-response mean, then the
             # mean over responses; scaled for gradient accumulation as TRL scales its own terms.
@@ -355,7 +343,7 @@ class AsyPPOTrainer(AdvantageTrainer):
             normalizer = normalizer * self.current_gradient_accumulation_steps / cfg.steps_per_generation
             nll = -(per_token_logps * positive_tokens).sum() / normalizer
             loss = loss + cfg.positive_lm_coef * nll
-            self._metrics["train"]["vapo/positive_nll"].append(self.accelerator.gather(nll.detach()).mean().item())
+            self.log_metric("vapo/positive_nll", self.accelerator.gather(nll.detach()).mean().item())
         return loss
 
     # -- checkpoints ------------------------------------------------------------------------

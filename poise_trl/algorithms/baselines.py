@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from trl import GRPOConfig
 
-from poise_trl.algorithms.base import AdvantageTrainer, CountingGRPOTrainer, register_algorithm, setting
+from poise_trl.algorithms.base import register_algorithm, setting
 from poise_trl.algorithms.process_rewards import ProcessRewardMixin, ProcessRewardsOn
 from poise_trl.core import estimators
+from poise_trl.seam.grpo import GRPOSeam
 
 
 @dataclass
@@ -20,7 +21,7 @@ class RLOOConfig(GRPOConfig):
     scale_rewards: str = setting("none", "No std division of the advantages.")
 
 
-class RLOOTrainer(AdvantageTrainer):
+class RLOOTrainer(GRPOSeam):
     """Leave-one-out baseline on GRPOTrainer (not `trl.RLOOTrainer`, so every algorithm
     here shares one generation, loss and logging path)."""
 
@@ -33,7 +34,7 @@ class GRPOProcessConfig(ProcessRewardsOn, GRPOConfig):
     """GRPOConfig plus the process-reward settings, switched on."""
 
 
-class GRPOProcessTrainer(ProcessRewardMixin, CountingGRPOTrainer):
+class GRPOProcessTrainer(ProcessRewardMixin, GRPOSeam):
     """TRL's GRPO (its own group-normalized outcome advantages) plus process rewards."""
 
 
@@ -46,7 +47,7 @@ class RLOOProcessTrainer(ProcessRewardMixin, RLOOTrainer):
     """Leave-one-out outcome advantages plus process rewards."""
 
 
-register_algorithm("grpo", GRPOConfig, CountingGRPOTrainer, "GRPO",
+register_algorithm("grpo", GRPOConfig, GRPOSeam, "GRPO",
                    "TRL's GRPO: group-mean baseline scaled by the group std",
                    card="GRPO: group-mean baseline scaled by the group standard deviation")
 register_algorithm("rloo", RLOOConfig, RLOOTrainer, "RLOO", "leave-one-out baseline, no std scaling",

@@ -17,9 +17,10 @@ import torch
 from trl import GRPOConfig
 from trl.trainer.utils import pad
 
-from poise_trl.algorithms.base import AdvantageTrainer, DAPOLoss, PromptStream, Signal, register_algorithm, setting
+from poise_trl.algorithms.base import DAPOLoss, PromptStream, Signal, register_algorithm, setting
 from poise_trl.core import estimators
 from poise_trl.core.provenance import write_json
+from poise_trl.seam.grpo import GRPOSeam
 
 FILL_MODES = ("drop", "zero_variance")
 DAPO_STATE_FILE = "dapo_state.json"
@@ -111,7 +112,7 @@ def merge_batches(outputs: list[dict], rows: list[tuple[int, int]], pad_token_id
 # --- Trainer ---------------------------------------------------------------------------
 
 
-class DAPOTrainer(AdvantageTrainer):
+class DAPOTrainer(GRPOSeam):
     """GRPO advantages on overlong-shaped rewards, with dynamic sampling of groups with 0 < #correct < G."""
 
     def __init__(self, *args, **kwargs):
@@ -123,44 +124,37 @@ class DAPOTrainer(AdvantageTrainer):
                              "dataset")
         self._extra_prompts = None
         self.extra_batches_drawn = 0  # position of the extra-prompt stream, saved with checkpoints
-        self._round_correct = None
-        self._round_lengths = None
         self.dynamic_sampling_history: list[dict] = []
 
     # -- rewards and advantages ---------------------------------------------------------------
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        lengths = torch.tensor([len(ids) for ids in completion_ids_list], device=self.accelerator.device)
-        self._round_lengths = self.accelerator.gather(lengths)
-        # Already gathered by TRL; the first reward function is the verifier (DAPO Eq. (11)).
-        self._round_correct = rewards_per_func[:, 0] >= self.args.correct_reward_threshold
-        return rewards_per_func
 
     def compute_advantages(self, rewards, output):
         cfg = self.args
         if cfg.overlong_buffer_length > 0:
             penalty = estimators.overlong_penalty(
-                self._round_lengths, cfg.max_completion_length, cfg.overlong_buffer_length, cfg.overlong_penalty_factor
+                self.round.completion_lengths, cfg.max_completion_length, cfg.overlong_buffer_length,
+                cfg.overlong_penalty_factor,
             ).to(rewards.device)
-            self._metrics["train"]["dapo/overlong_penalty_mean"].append(penalty.mean().item())
-            self._metrics["train"]["dapo/overlong_penalized_frac"].append((penalty < 0).float().mean().item())
+            self.log_metric("dapo/overlong_penalty_mean", penalty.mean().item())
+            self.log_metric("dapo/overlong_penalized_frac", (penalty < 0).float().mean().item())
             rewards = rewards + penalty
         return self.local_rows(estimators.group_normalized_advantages(rewards, self.num_generations))
 
     # -- dynamic sampling -----------------------------------------------------------------------
 
-    def _generate_and_score_completions(self, inputs):
-        if not self.model.training or not self.args.dynamic_sampling:
-            return super()._generate_and_score_completions(inputs)
+    def collect_round(self, inputs):
+        if not self.args.dynamic_sampling:
+            return self.score_round(inputs)
         group_size, n_proc, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         target = len(inputs) // group_size
         outputs, kept = [], []
         batch = inputs
         while True:
-            outputs.append(super()._generate_and_score_completions(batch))
-            # (num_processes, groups this round): global rewards come in process order.
-            kept.append(estimators.dapo_keep_groups(self._round_correct, group_size).view(n_proc, -1).cpu())
+            outputs.append(self.score_round(batch))
+            # The first reward function is the verifier (DAPO Eq. (11)); (num_processes, groups this round):
+            # global rewards come in process order.
+            correct = self.round.rewards_per_func[:, 0] >= self.args.correct_reward_threshold
+            kept.append(estimators.dapo_keep_groups(correct, group_size).view(n_proc, -1).cpu())
             so_far = torch.cat(kept, dim=1)
             if not needs_another_round(so_far, target, len(outputs), self.args.max_generation_rounds):
                 break
@@ -239,12 +233,11 @@ class DAPOTrainer(AdvantageTrainer):
             "trained_rollouts": trained * self.num_generations,
         }
         self.dynamic_sampling_history.append(record)
-        metrics = self._metrics["train"]
         for key in ("rounds", "generated_groups", "informative_groups", "trained_groups", "zero_weight_groups",
                     "dropped_groups", "zero_variance_trained"):
-            metrics[f"dapo/{key}"].append(float(record[key]))
+            self.log_metric(f"dapo/{key}", float(record[key]))
         if record["trained_rollouts"]:
-            metrics["dapo/generated_per_trained"].append(record["generated_rollouts"] / record["trained_rollouts"])
+            self.log_metric("dapo/generated_per_trained", record["generated_rollouts"] / record["trained_rollouts"])
 
 
 def dropped_fraction(entry: dict) -> float | None:

@@ -1,9 +1,9 @@
 """POISE (arXiv 2605.07579): each of 2 rollouts' baseline is a linear probe's prediction from the OTHER
 rollout's hidden-state and entropy features, A_1 = r_1 - g(z_2), A_2 = r_2 - g(z_1) (POISE, Sec. 3.2).
 
-Inside TRL's `_generate_and_score_completions`: read features, predict with the previous round's probe,
-freeze the advantages, log, append to the buffer and refit; RLOO while the buffer fills. Details:
-docs/algorithms.md ("POISE"); the TRL methods it overrides: docs/trl.md.
+In the seam's `compute_advantages` (before TRL's shuffle, groups whole), with the round's features served by the
+seam (`FeatureNeed`): predict with the previous round's probe, freeze the advantages, log, append to the buffer
+and refit; RLOO while the buffer fills. Details: docs/algorithms.md ("POISE"); the seam: docs/trl.md.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import pad
 
 from poise_trl.algorithms.base import (
-    AdvantageTrainer,
     CompareTable,
     DAPOLoss,
     PromptStream,
     RunCallback,
     Signal,
-    checkpoint_folder,
     logged,
     register_algorithm,
     setting,
@@ -38,19 +36,11 @@ from poise_trl.core.distributed import summed_over_processes
 from poise_trl.core.metrics import calibration_bins, mean_or_none
 from poise_trl.core.provenance import package_versions, pyplot, write_json
 from poise_trl.probe.estimator import PROBE_INPUTS, ProbeEstimator, probe_metrics
-from poise_trl.probe.features import (
-    CaptureUnavailable,
-    GenerationCapture,
-    HiddenStateCapture,
-    RolloutFeatures,
-    build_rollout_features,
-    decoder_layers,
-    extract_prompt_vectors,
-    resolve_layer_index,
-)
+from poise_trl.probe.features import RolloutFeatures, decoder_layers, extract_prompt_vectors, resolve_layer_index
+from poise_trl.seam.grpo import FEATURE_SOURCES, FeatureNeed, GRPOSeam
+from poise_trl.seam.trainer import checkpoint_folder
 
 PROBE_STATE_FILE = "poise_probe.safetensors"
-FEATURE_SOURCES = ("trl_pass", "generation", "extra_pass")
 SELECTION_STATE_FILE = "poise_selection.json"
 
 
@@ -127,7 +117,7 @@ def select_prompts(predicted: torch.Tensor, k: int, random_count: int,
     return floor + ranked, [True] * len(floor) + [False] * len(ranked)
 
 
-class POISETrainer(AdvantageTrainer):
+class POISETrainer(GRPOSeam):
     """GRPOTrainer whose baseline is a linear probe on the policy's own hidden states."""
 
     def __init__(self, *args, **kwargs):
@@ -150,14 +140,8 @@ class POISETrainer(AdvantageTrainer):
         # Without a `</think>` token the response vector pools the last completion tokens.
         self.think_end_id = think_end if think_end != self.processing_class.unk_token_id else -1
         self.probe_layer_index = self._resolve_layer()
+        self.feature_need = FeatureNeed(self.probe_layer_index, cfg.probe_pool_tokens, self.think_end_id)
         self.probe_history: list[dict] = []
-        self._capture_armed = False
-        self._step_features: RolloutFeatures | None = None
-        self.generation_capture_blocker = self._generation_capture_blocker()
-        self._capture_generation = False
-        self._generation_capture: GenerationCapture | None = None
-        self.feature_sources = dict.fromkeys(FEATURE_SOURCES, 0)  # generation rounds per source
-        self._fallback_warned: set[str] = set()
         self.check_groups_stay_on_one_process(
             "a prompt's rollouts would straddle two processes and the cross-rollout pairs would break"
         )
@@ -178,78 +162,11 @@ class POISETrainer(AdvantageTrainer):
         blocks = decoder_layers(self.accelerator.unwrap_model(self.model))
         return resolve_layer_index(len(blocks), self.args.probe_layer)
 
-    # -- feature capture ------------------------------------------------------------------
-
-    def _generation_capture_blocker(self) -> str | None:
-        """Why this run cannot read the features while TRL generates (None: it can)."""
-        if self.use_vllm:
-            return "vLLM generates the completions"
-        if self.use_transformers_continuous_batching:
-            return "transformers continuous batching generates the completions"
-        if self.rollout_func is not None or self.tools or self.environment_factories is not None:
-            return "a rollout function or tool calls build the completions from several generate calls"
-        if self._is_vlm:
-            return "a vision-language model"
-        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
-            return "sharded weights: the closing decode step would run outside TRL's gathering context"
-        return None
-
-    def _trl_runs_no_grad_pass(self) -> bool:
-        """Mirrors TRL's condition for computing `old_per_token_logps` (grpo_trainer.py)."""
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        return self.args.gradient_accumulation_steps % generate_every != 0 or (
-            self.use_vllm and self.vllm_importance_sampling_correction
-        )
-
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                           batch_size=None, compute_entropy=False, **kwargs):
-        if not self._capture_armed or model is not self.model or torch.is_grad_enabled():
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
-            )
-        self._capture_armed = False  # one capture per round: later passes (reference) are not ours
-        completion_ids = input_ids[:, -logits_to_keep:]
-        completion_mask = attention_mask[:, -logits_to_keep:]
-        prompt_mask = attention_mask[:, :-logits_to_keep]
-        layer = self.probe_layer_index
-        with HiddenStateCapture(self.accelerator.unwrap_model(model), [layer], self.args.probe_pool_tokens) as cap:
-            cap.set_batch(prompt_mask, completion_ids, completion_mask, self.think_end_id)
-            with cap.capturing():
-                logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-                    model, input_ids, attention_mask, logits_to_keep, batch_size, True, **kwargs
-                )
-            prompt_vec, response_vec = cap.pop()[layer]
-        self._step_features = build_rollout_features(
-            prompt_vec, response_vec, entropies, completion_ids, completion_mask, self.think_end_id
-        )
-        return logps, entropies if compute_entropy else None, aux
-
-    def _generate_and_score_completions(self, inputs):
-        if not self.model.training:
-            return super()._generate_and_score_completions(inputs)
-        self._step_features = None
+    def select_round_prompts(self, inputs: list[dict]) -> list[dict]:
         self._step_floor = None
         if self.args.prompt_selection and not self.value_estimator.in_bootstrap:
-            inputs = self._select_prompts(inputs)
-        self._capture_armed = self._trl_runs_no_grad_pass()
-        self._generation_capture = None
-        self._capture_generation = not self._capture_armed and self.generation_capture_blocker is None
-        return super()._generate_and_score_completions(inputs)
-
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not self._capture_generation:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images)
-        self._capture_generation = False  # one generate call per round in this path
-        args = self.args
-        with GenerationCapture(self.accelerator.unwrap_model(self.model), self.probe_layer_index, self.eos_token_ids,
-                               self.think_end_id, self.temperature, args.probe_pool_tokens) as capture:
-            completion_ids, logprobs = super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-            with torch.no_grad(), disable_gradient_checkpointing(self.model, args.gradient_checkpointing_kwargs):
-                capture.finish(completion_ids, self._tokenizer.pad_token_id)
-        self._generation_capture = capture
-        return completion_ids, logprobs
+            return self._select_prompts(inputs)
+        return inputs
 
     # -- probe-guided prompt selection (docs/algorithms.md) -----------------------------------
 
@@ -287,8 +204,7 @@ class POISETrainer(AdvantageTrainer):
 
     def _tokenized_prompts(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids and mask, tokenized exactly as TRL tokenizes for generation."""
-        ids, _, _ = self._tokenize_prompts(prompts)
-        ids = [torch.tensor(row) for row in ids]
+        ids = [torch.tensor(row) for row in self.tokenize_prompts(prompts)]
         masks = [torch.ones_like(row) for row in ids]
         pad_id = self.processing_class.pad_token_id
         return pad(ids, padding_value=pad_id, padding_side="left"), pad(masks, padding_value=0, padding_side="left")
@@ -304,47 +220,8 @@ class POISETrainer(AdvantageTrainer):
         self.generated_tokens += int(tokens_all)
         self.pending_logs.update({f"selection/{name}": float(value) for name, value in counts.items()})
         scores = informativeness(predicted)
-        metrics = self._metrics["train"]
-        metrics["selection/informativeness_pool"].append(scores.mean().item())
-        metrics["selection/informativeness_rolled_out"].append(scores[chosen].mean().item())
-
-    def _features_for(self, output: dict) -> RolloutFeatures:
-        """This round's features: from TRL's own no-grad pass, from its generate call, or from one
-        chunked pass here (docs/algorithms.md, "Features z")."""
-        features, source = self._step_features, "trl_pass"
-        if features is None and self._generation_capture is not None:
-            try:
-                features = self._generation_capture.features(output["completion_ids"], output["completion_mask"])
-                source = "generation"
-            except CaptureUnavailable as reason:
-                self._warn_fallback(str(reason))
-        elif features is None and self.generation_capture_blocker is not None:
-            self._warn_fallback(self.generation_capture_blocker)
-        if features is None:
-            features, source = self._extra_pass_features(output), "extra_pass"
-        self._step_features = self._generation_capture = None
-        self.feature_sources[source] += 1
-        for name in FEATURE_SOURCES:
-            self._metrics["train"][f"probe/features_from_{name}"].append(float(name == source))
-        return self._gather_features(features)
-
-    def _extra_pass_features(self, output: dict) -> RolloutFeatures:
-        """One chunked no-grad policy pass over prompt + completion, the hooks riding on it."""
-        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        self._capture_armed = True
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            self._get_per_token_logps_and_entropies(
-                self.model, ids, mask, output["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size,
-            )
-        features, self._step_features = self._step_features, None
-        return features
-
-    def _warn_fallback(self, reason: str) -> None:
-        if reason not in self._fallback_warned:
-            self._fallback_warned.add(reason)
-            warnings.warn(f"POISE features: {reason}; running one extra policy pass per round instead", stacklevel=2)
+        self.log_metric("selection/informativeness_pool", scores.mean().item())
+        self.log_metric("selection/informativeness_rolled_out", scores[chosen].mean().item())
 
     def _gather_features(self, features: RolloutFeatures) -> RolloutFeatures:
         if self.accelerator.num_processes == 1:
@@ -355,7 +232,9 @@ class POISETrainer(AdvantageTrainer):
     # -- advantages -------------------------------------------------------------------------
 
     def compute_advantages(self, rewards, output):
-        features = self._features_for(output)
+        for name in FEATURE_SOURCES:
+            self.log_metric(f"probe/features_from_{name}", float(name == self.round.feature_source))
+        features = self._gather_features(self.round.features)
         group_size = self.num_generations
         rewards_cpu = rewards.detach().to("cpu", torch.float32)
         domains = self._domains()
@@ -372,10 +251,10 @@ class POISETrainer(AdvantageTrainer):
         advantages = torch.where(available_groups, poise_adv, rloo_adv)
         baselines = torch.where(available_groups, baselines, rewards_cpu - rloo_adv)
         self._log_probe_step(predictions, available_groups, rewards_cpu, baselines, advantages, group_size)
-        self.table_columns["baseline"] = baselines.tolist()
+        self.round.table_columns["baseline"] = baselines.tolist()
         refit_stats = self.value_estimator.update(features, rewards_cpu, group_size, domains)
         for name, value in refit_stats.items():
-            self._metrics["train"][f"probe/{name}"].append(value)
+            self.log_metric(f"probe/{name}", value)
         return self.local_rows(advantages.to(rewards.device))
 
     def _log_selection_outcome(self, rewards: torch.Tensor, group_size: int) -> None:
@@ -385,43 +264,41 @@ class POISETrainer(AdvantageTrainer):
         floor = self.accelerator.gather(floor).cpu() if self.accelerator.num_processes > 1 else floor.cpu()
         grouped = rewards.view(-1, group_size)
         zero_signal = (grouped == grouped[:, :1]).all(dim=1)
-        metrics = self._metrics["train"]
         for name, rows in (("floor", floor), ("probe", ~floor)):
             if rows.any():
-                metrics[f"selection/zero_signal_{name}"].append(zero_signal[rows].float().mean().item())
+                self.log_metric(f"selection/zero_signal_{name}", zero_signal[rows].float().mean().item())
 
     def _domains(self) -> list[str] | None:
         column = self.args.probe_domain_column
         if column is None:
             return None
-        local = [str(row.get(column, "default")) for row in self._step_inputs]
+        local = [str(row.get(column, "default")) for row in self.round.inputs]
         return gather_object(local) if self.accelerator.num_processes > 1 else local
 
     def _log_probe_step(self, predictions, available, rewards, baselines, advantages, group_size) -> None:
-        metrics = self._metrics["train"]
-        metrics["probe/active_fraction"].append(available.float().mean().item())
+        self.log_metric("probe/active_fraction", available.float().mean().item())
         # A == r - b must hold exactly: the baseline never leaks into anything else.
-        metrics["probe/invariant_max_abs_error"].append((advantages - (rewards - baselines)).abs().max().item())
+        self.log_metric("probe/invariant_max_abs_error", (advantages - (rewards - baselines)).abs().max().item())
         record = {"step": self.state.global_step, "probe_active": bool(available.any())}
         if available.any():
             targets = estimators.leave_one_out_targets(rewards, group_size)
             online = probe_metrics(*(t[available] for t in (predictions, targets, rewards, baselines)))
             for name, value in online.items():
-                metrics[f"probe/{name}"].append(value)
+                self.log_metric(f"probe/{name}", value)
             record.update(online, predictions=predictions[available].tolist(), targets=targets[available].tolist())
         else:
             vr = estimators.variance_reduction_ratio(rewards, baselines)
-            metrics["probe/variance_reduction"].append(vr)
+            self.log_metric("probe/variance_reduction", vr)
             record["variance_reduction"] = vr
         # Per task, over the rows the pooled figure covers; a task whose rewards there are all equal has nothing
         # to reduce and adds nothing (with a shared probe too: the task column is the data's, not the probe's).
-        tasks = self.table_columns.get("task")
+        tasks = self.round.table_columns.get("task")
         counted = available if available.any() else torch.ones_like(available)
         for task in sorted(set(tasks or ())):
             rows = torch.tensor([name == task for name in tasks]) & counted
             if rewards[rows].var(unbiased=False) > 0:
-                metrics[f"probe/{task}/variance_reduction"].append(
-                    estimators.variance_reduction_ratio(rewards[rows], baselines[rows]))
+                self.log_metric(f"probe/{task}/variance_reduction",
+                                estimators.variance_reduction_ratio(rewards[rows], baselines[rows]))
         self.probe_history.append(record)
 
     # -- checkpoints ------------------------------------------------------------------------

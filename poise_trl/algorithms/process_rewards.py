@@ -189,11 +189,10 @@ class ProcessRewardMixin:
 
     _pieces: list[str] | None = None
 
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        if not self.model.training or not self.args.process_rewards:
-            return output
-        output["advantages"] = self._with_process_advantages(output, inputs)
+    def finish_round(self, output: dict, inputs: list[dict]) -> dict:
+        output = super().finish_round(output, inputs)
+        if self.args.process_rewards:
+            output["advantages"] = self._with_process_advantages(output, inputs)
         return output
 
     def _with_process_advantages(self, output: dict, inputs: list[dict]) -> torch.Tensor:
@@ -279,13 +278,12 @@ class ProcessRewardMixin:
             "rows": rows.to(device),
         }
         totals = {k: self.accelerator.reduce(v, reduction="sum").tolist() for k, v in totals.items()}
-        metrics = self._metrics["train"]
         for name in ("adv_outcome", "adv_with_process", "utility", "value_start", "value_end"):
             n, s, s2 = totals[name]
             mean = s / max(n, 1.0)
-            metrics[f"process/{name}_mean"].append(mean)
+            self.log_metric(f"process/{name}_mean", mean)
             if name.startswith("adv") or name == "utility":
-                metrics[f"process/{name}_std"].append(max(s2 / max(n, 1.0) - mean * mean, 0.0) ** 0.5)
+                self.log_metric(f"process/{name}_std", max(s2 / max(n, 1.0) - mean * mean, 0.0) ** 0.5)
         n_rows, n_varying, n_rewards = totals["rows"]
-        metrics["process/frac_rows_varying"].append(n_varying / max(n_rows, 1.0))
-        metrics["process/rewards_per_row"].append(n_rewards / max(n_rows, 1.0))
+        self.log_metric("process/frac_rows_varying", n_varying / max(n_rows, 1.0))
+        self.log_metric("process/rewards_per_row", n_rewards / max(n_rows, 1.0))

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 from trl import GRPOConfig
-from trl.models.utils import disable_gradient_checkpointing
 
-from poise_trl.algorithms.base import AdvantageTrainer, register_algorithm, setting
+from poise_trl.algorithms.base import register_algorithm, setting
 from poise_trl.algorithms.process_rewards import ProcessRewardArguments, ProcessRewardMixin
 from poise_trl.core import estimators
 from poise_trl.core.distributed import gather_padded
+from poise_trl.seam.grpo import GRPOSeam
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -67,13 +67,8 @@ class REINFORCEPPBaselineConfig(REINFORCEPPConfig):
     kl_estimator: str = setting("k2", "beta * k2 as a loss term (Eq. (8)).")
 
 
-class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
+class REINFORCEPPTrainer(ProcessRewardMixin, GRPOSeam):
     """REINFORCE++ / REINFORCE++ w/ Baseline; process rewards via `process_rewards: true`."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._capture_logps = False
-        self._captured_logps = None
 
     # -- advantages -------------------------------------------------------------------------
 
@@ -89,27 +84,14 @@ class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
             outcome = estimators.group_mean_advantages(rewards, self.num_generations)
         # Eq. (4): r - beta * sum_{i >= t} k1(i), with k1 of pi_old against pi_ref; then Eq. (5) over tokens.
         mask = output["completion_mask"]
-        kl = estimators.kl_k1(self._old_logps(output), output["ref_per_token_logps"])
+        kl = estimators.kl_k1(self.old_policy_logps(output), output["ref_per_token_logps"])
         token_rewards = estimators.kl_penalized_token_rewards(self.local_rows(outcome), kl, mask, self.beta)
         returns = estimators.returns_to_go(token_rewards, mask)
         advantages = estimators.reinforce_pp_global_advantages(
             gather_padded(self.accelerator, returns), gather_padded(self.accelerator, mask)
         )
-        self._metrics["train"]["kl"].append(self._global_mean(kl, mask))
+        self.log_metric("kl", self._global_mean(kl, mask))
         return self.local_rows(advantages)[:, : mask.shape[1]]
-
-    def _old_logps(self, output: dict) -> torch.Tensor:
-        """log pi_old of the sampled tokens: TRL's when it computed them, else one chunked no-grad pass."""
-        if output.get("old_per_token_logps") is not None:
-            return output["old_per_token_logps"]
-        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, attention, output["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size,
-            )
-        return logps
 
     def _global_mean(self, values: torch.Tensor, mask: torch.Tensor) -> float:
         valid = mask.bool()
@@ -119,54 +101,16 @@ class REINFORCEPPTrainer(ProcessRewardMixin, AdvantageTrainer):
 
     # -- KL loss term -----------------------------------------------------------------------
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                           batch_size=None, compute_entropy=False, **kwargs):
-        out = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
-        )
-        if self._capture_logps:  # armed in `_compute_loss`, whose first forward is the policy's
-            self._captured_logps, self._capture_logps = out[0], False
-        return out
-
-    def _compute_loss(self, model, inputs):
+    def policy_loss(self, model, inputs):
         if self.args.kl_estimator == "k3" or self.beta == 0.0:
-            return super()._compute_loss(model, inputs)
-        beta, self.beta = self.beta, 0.0  # TRL adds no k3 term now
-        self._capture_logps = self.args.kl_estimator == "k2"
-        try:
-            loss = super()._compute_loss(model, inputs)
-        finally:
-            self.beta, self._capture_logps = beta, False
+            return super().policy_loss(model, inputs)
+        loss, (logps, _, _) = self.trl_loss(model, inputs, beta=0.0)  # TRL adds no k3 term
         if self.args.kl_estimator == "k1":
             return loss  # the KL is in the reward (Eq. (4)), not in the loss (REINFORCE++ paper, App. B.1)
-        logps, self._captured_logps = self._captured_logps, None
         mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
         k2 = estimators.kl_k2(logps, inputs["ref_per_token_logps"])  # Eq. (8)
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["kl"].append(self._global_mean(k2.detach(), mask))
-        return loss + beta * self.aggregate_like_trl(k2, mask, inputs)
-
-    def aggregate_like_trl(self, per_token: torch.Tensor, mask: torch.Tensor, inputs: dict) -> torch.Tensor:
-        """TRL 1.16's reduction of `per_token_loss` for `self.loss_type` (grpo_trainer.py, `_compute_loss`),
-        including its gradient-accumulation scaling, so an extra per-token term enters the loss
-        exactly as TRL's own KL term would."""
-        mode = "train" if self.model.training else "eval"
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        mask = mask.to(per_token.dtype)
-        if self.loss_type in ("grpo", "sapo"):
-            return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
-        if self.loss_type == "bnpo":
-            return (per_token * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
-        if self.loss_type == "dr_grpo":
-            return (per_token * mask).sum() / (per_token.size(0) * self.max_completion_length) / accumulation
-        if self.loss_type in ("cispo", "dapo", "vespo"):
-            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            return (per_token * mask).sum() / normalizer
-        if self.loss_type == "luspo":
-            return (per_token * mask).sum(-1).mean() / accumulation
-        raise ValueError(f"Unknown loss type: {self.loss_type}")
+        self.log_metric("kl", self._global_mean(k2.detach(), mask), self.mode)
+        return loss + self.beta * self.aggregate_like_trl(k2, mask, inputs)
 
 
 register_algorithm("reinforce_pp", REINFORCEPPConfig, REINFORCEPPTrainer, "REINFORCE++",

@@ -3,9 +3,11 @@ before any of them is loaded. Training and evaluation both load through here."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
@@ -132,3 +134,27 @@ def check_model_files(folder: str | Path) -> None:
                 handle.keys()
         except Exception as exc:  # safetensors raises its own error type for every kind of damage
             raise RecipeError(f"{path} is truncated or corrupt ({exc}): restore or rebuild that file") from None
+
+
+def import_object(path: str, what: str):
+    """`package.module:name`, a user's own reward function, tool, environment or rollout function (`what`, for the
+    error line): from an installed module, or one in the working directory (put first on the import path, as
+    `python -m` puts it, when nothing else has it)."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if os.getcwd() in sys.path or exc.name != module_name.partition(".")[0]:
+                raise
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+        found = getattr(module, attribute)
+    except ImportError as exc:
+        raise ValueError(f"{what} {path!r}: cannot import {module_name!r} ({exc}) from the working directory or the "
+                         "installed packages; put its package on PYTHONPATH or install it") from None
+    except AttributeError:
+        raise ValueError(f"{what} {path!r}: module {module_name!r} has no {attribute!r}") from None
+    if not callable(found):
+        raise ValueError(f"{what} {path!r} is not callable")
+    return found

@@ -1,5 +1,6 @@
-"""Training against a vLLM server (`vllm_mode: server`): the server poise-trl starts, the weight sync where
-there is no GPU, and one error line when the server stops answering.
+"""Training against a vLLM server (`vllm_mode: server`): the server poise-trl starts, the worker side of the
+weight sync where there is no GPU (the trainer side is `seam.vllm`), and one error line when the server stops
+answering.
 
 `python -m poise_trl.engines.vllm_server --model MODEL --port PORT [vllm serve options]` runs vLLM's
 OpenAI server with `trl vllm-serve`'s additions and this module's worker extension. Without a GPU the
@@ -14,15 +15,11 @@ import argparse
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
-import weakref
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from poise_trl.core.loading import resolve_model_path
 
@@ -59,77 +56,6 @@ def refresh_tied_output_layers(model) -> None:
         method = getattr(module, "quant_method", None)
         if isinstance(method, UnquantizedEmbeddingMethod) and module.weight.numel():
             method.process_weights_after_loading(module)
-
-
-def file_weight_sync_generation():
-    """TRL's `VLLMGeneration` whose server mode, on a machine without CUDA, syncs through a file. Defined on
-    demand: TRL's generation modules import vLLM, which a run without it must not need."""
-    from trl.generation.vllm_client import VLLMClient  # noqa: PLC0415 (no TRL in vLLM's workers)
-    from trl.generation.vllm_generation import VLLMGeneration  # noqa: PLC0415 (no TRL in vLLM's workers)
-
-    class FileSyncVLLMGeneration(VLLMGeneration):
-        def _syncs_through_file(self) -> bool:
-            return self.mode == "server" and self.accelerator.device.type != "cuda"
-
-        def _init_vllm(self):
-            if not self._syncs_through_file():
-                return super()._init_vllm()
-            if self.accelerator.is_main_process:
-                base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
-                self.vllm_client = VLLMClient(base_url=base_url, connection_timeout=self.server_timeout)
-                require_weight_reload(self.vllm_client)
-                self.weights_dir = tempfile.mkdtemp(prefix="poise-vllm-weights-")
-                weakref.finalize(self, shutil.rmtree, self.weights_dir, True)
-            self.accelerator.wait_for_everyone()
-
-        def sync_weights(self):
-            if not self._syncs_through_file():
-                return super().sync_weights()
-            # Every process walks the parameters (gathering sharded ones is collective); clones, because
-            # TRL unmerges a LoRA adapter once the walk ends.
-            weights = {name: tensor.detach().to("cpu").contiguous().clone()
-                       for name, tensor in self._iter_named_params()}
-            if self.accelerator.is_main_process:
-                push_weights_through_file(self.vllm_client, weights, Path(self.weights_dir) / WEIGHTS_FILE)
-
-    return FileSyncVLLMGeneration
-
-
-def collective_rpc(client, method: str, *args: str) -> list:
-    return client._post(f"{client.base_url}/collective_rpc", json={"method": method, "args": list(args)})["results"]
-
-
-def require_weight_reload(client) -> None:
-    try:
-        collective_rpc(client, "can_reload_weights_from_file")
-    except Exception as exc:  # 404 without dev mode, 500 without the extension: TRL's client raises Exception
-        raise VLLMServerError(
-            f"the vLLM server at {client.base_url} cannot take new weights without a GPU ({short_reason(exc)}): "
-            "start it with `python -m poise_trl.engines.vllm_server --model MODEL --port PORT`, which adds "
-            "poise-trl's weight-reload extension") from None
-
-
-def push_weights_through_file(client, weights: dict, path: Path) -> None:
-    save_file(weights, str(path))
-    collective_rpc(client, RELOAD_METHOD, str(path))
-    client.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
-
-
-@contextmanager
-def server_generation(args):
-    """While a trainer is built: TRL's GRPOTrainer builds its `VLLMGeneration` by the name in its own
-    module, so server mode gets the file-sync subclass there for the construction only."""
-    if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
-        yield
-        return
-    import trl.trainer.grpo_trainer as grpo_trainer  # noqa: PLC0415 (no TRL in vLLM's workers)
-
-    original = grpo_trainer.VLLMGeneration
-    grpo_trainer.VLLMGeneration = file_weight_sync_generation()
-    try:
-        yield
-    finally:
-        grpo_trainer.VLLMGeneration = original
 
 
 def server_url(args) -> str:

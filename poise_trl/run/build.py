@@ -14,12 +14,19 @@ from peft import LoraConfig
 from transformers.trainer_callback import PrinterCallback
 
 from poise_trl.algorithms.base import RunCallback
-from poise_trl.core.loading import check_model_files, hub_unreachable, load_tokenizer, resolve_model_path
+from poise_trl.core.loading import (
+    check_model_files,
+    hub_unreachable,
+    import_object,
+    load_tokenizer,
+    resolve_model_path,
+)
 from poise_trl.engines.generation import keep_cpu_engine_weights_reloadable, resolve_engine
-from poise_trl.engines.vllm_server import server_generation
 from poise_trl.run.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
 from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
+from poise_trl.seam.grpo import GRPOSeam
+from poise_trl.seam.vllm import server_generation
 from poise_trl.tasks import is_task, load_prompt_dataset
 from poise_trl.tasks.prompts import DATASETS, DatasetUnavailableError
 from poise_trl.tasks.rewards import check_reward_functions, get_reward_functions
@@ -109,6 +116,22 @@ class Run:
         return str(self.folder.checkpoint) if self.folder.checkpoint else None
 
 
+def rollout_mode(settings, algorithm) -> dict:
+    """The recipe's `tools`, `environment` and `rollout_func`, imported, as TRL's GRPOTrainer takes them."""
+    given = {key: path for key, path in (("tools", settings.tools), ("environment_factory", settings.environment),
+                                         ("rollout_func", settings.rollout_func)) if path}
+    if given and not issubclass(algorithm.trainer_class, GRPOSeam):
+        raise RecipeError(f"algo {algorithm.name} cannot take tools, an environment or a rollout function (its TRL "
+                          "trainer has no rollout modes): use a GRPO-based algo, or remove them from the recipe")
+    if "tools" in given:
+        tools = [given["tools"]] if isinstance(given["tools"], str) else given["tools"]
+        given["tools"] = [import_object(path, "tool") for path in tools]
+    for key, what in (("environment_factory", "environment"), ("rollout_func", "rollout function")):
+        if key in given:
+            given[key] = import_object(given[key], what)
+    return given
+
+
 def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = False,
               reward_funcs: list | None = None, trainer_class: type | None = None,
               callbacks: list | None = None) -> Run:
@@ -132,6 +155,7 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
     reward_names = settings.rewards if reward_funcs is None else None  # the recipe's spelling, for errors
     reward_funcs = reward_funcs if reward_funcs is not None else get_reward_functions(settings.rewards)
     check_reward_functions(reward_funcs, train_set, tokenizer, reward_names)  # one line, before the folder
+    rollout = rollout_mode(settings, algorithm)
     peft_config = build_peft_config(settings.peft)
     folder = plan_output_dir(args, plan.recipe, overwrite)
     run = Run(plan, model_path, tokenizer, train_set, eval_set, folder)
@@ -154,7 +178,7 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
     with server_generation(args):
         trainer = trainer_class(
             model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=train_set,
-            processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks,
+            processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, **rollout,
         )
     run.eval_callback.trainer = trainer
     if show_progress:

@@ -14,10 +14,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from transformers import TrainerCallback
 from transformers.integrations import is_deepspeed_zero3_enabled
 
-from poise_trl.algorithms.base import checkpoint_folder
 from poise_trl.core.provenance import write_json
 from poise_trl.engines.generation import colocated_vllm, evaluate_accuracy, training_engine
 from poise_trl.run.run_folder import write_checkpoint_marker
+from poise_trl.seam.trainer import checkpoint_folder
 
 LEDGER_FILE = "heldout_ledger.json"
 
@@ -88,7 +88,7 @@ class HeldOutEvalCallback(TrainerCallback):
             return False
         return trainer.is_fsdp_enabled or is_deepspeed_zero3_enabled()
 
-    def _evaluate(self, state, model, **extra) -> None:
+    def _run_evaluation(self, state, model, **extra) -> None:
         if self.history and self.history[-1]["step"] == state.global_step:
             self.history[-1].update(extra)
             return
@@ -108,9 +108,8 @@ class HeldOutEvalCallback(TrainerCallback):
     def _push_weights_to_engine(self, state) -> None:
         """On EVERY process before an evaluation: give the colocated engine this step's weights, once."""
         trainer = self.trainer
-        if colocated_vllm(trainer) is not None and trainer._last_loaded_step != state.global_step:
-            trainer.vllm_generation.sync_weights()
-            trainer._last_loaded_step = state.global_step
+        if colocated_vllm(trainer) is not None:
+            trainer.push_weights_to_engine()
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -168,7 +167,7 @@ class HeldOutEvalCallback(TrainerCallback):
         if not self.history:
             self._push_weights_to_engine(state)
             if self._evaluates_here(state):
-                self._evaluate(state, model)
+                self._run_evaluation(state, model)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_started = time.perf_counter()
@@ -193,14 +192,14 @@ class HeldOutEvalCallback(TrainerCallback):
         self._push_weights_to_engine(state)
         if self._evaluates_here(state):
             extra = {"budget_point": self.budget_points_done} if self.budget is not None else {}
-            self._evaluate(state, model, **extra)
+            self._run_evaluation(state, model, **extra)
             if self.trainer is not None:
                 self.trainer.pending_logs["heldout/accuracy"] = self.history[-1]["accuracy"]
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self._push_weights_to_engine(state)
         if self._evaluates_here(state):
-            self._evaluate(state, model)
+            self._run_evaluation(state, model)
 
     @property
     def latest(self) -> dict | None:

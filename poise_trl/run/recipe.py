@@ -64,6 +64,10 @@ class RunSettings:
     system_prompt: str | None = None
     task_config: dict[str, Any] | None = None  # the task family's own keys when `dataset` names a task
     rewards: list[str] | None = None  # None: `task` for a task dataset, else `math_accuracy`
+    # TRL's rollout modes beyond one turn, each by import path `module:name` (docs/training.md, "Rollout modes"):
+    tools: list[str] | None = None  # functions the model may call during its rollout
+    environment: str | None = None  # a class: one instance per rollout, its public methods the tools
+    rollout_func: str | None = None  # rollout_func(prompts, trainer) -> dict: builds the completions itself
     peft: dict[str, Any] | None = None
     eval_every: int = 10
     eval_num_samples: int = 4
@@ -202,8 +206,8 @@ def _describe(hint: Any) -> str:
 
 
 # Spellings the code accepts beyond the annotation: `resume_from_checkpoint: true` (the newest
-# checkpoint, the Trainer's convention), `rewards: math_accuracy` (one reward).
-_ALSO_ALLOWED = {("resume_from_checkpoint", bool), ("rewards", str)}
+# checkpoint, the Trainer's convention), `rewards: math_accuracy` (one reward), `tools: my_tools:add` (one tool).
+_ALSO_ALLOWED = {("resume_from_checkpoint", bool), ("rewards", str), ("tools", str)}
 
 
 def check_types(values: dict, dataclass_type: type) -> None:

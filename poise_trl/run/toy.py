@@ -28,6 +28,7 @@ from transformers import (
     Qwen3ForTokenClassification,
 )
 from trl import SFTConfig, SFTTrainer
+from trl.chat_template_utils import qwen3_chat_template
 
 from poise_trl.core.loading import BUNDLED_DATA
 from poise_trl.core.provenance import package_versions
@@ -36,7 +37,9 @@ from poise_trl.tasks import load_prompt_dataset, task_rows, toy_task
 
 # Qwen3's own chat format, reduced to what the toy needs; `{% generation %}` marks assistant
 # text so TRL's assistant-only loss also works with this tokenizer.
-CHAT_TEMPLATE = ("{% for message in messages %}"
+# Supervised training renders completions verbatim with this template; Qwen3's own (the tokenizer's) would rewrite
+# their <think> blocks. Both render system and user prompts alike (tests/test_rollout_modes.py).
+SFT_CHAT_TEMPLATE = ("{% for message in messages %}"
                  "{% if message['role'] == 'assistant' %}"
                  "<|im_start|>assistant\n{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}\n"
                  "{% else %}"
@@ -67,7 +70,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         additional_special_tokens=["<|im_start|>"],
     )
     tokenizer.add_tokens(THINK_TOKENS)
-    tokenizer.chat_template = CHAT_TEMPLATE
+    # Qwen3's template: TRL recognises it for tool calls (`add_response_schema`).
+    tokenizer.chat_template = qwen3_chat_template
     tokenizer.padding_side = "left"
     return tokenizer
 
@@ -142,7 +146,11 @@ def supervise(model, tokenizer, dataset, max_steps: int, batch_size: int, learni
         disable_tqdm=not progress,
         dataloader_num_workers=0,
     )
-    SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer).train()
+    chat_template, tokenizer.chat_template = tokenizer.chat_template, SFT_CHAT_TEMPLATE
+    try:
+        SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer).train()
+    finally:
+        tokenizer.chat_template = chat_template
     scratch.cleanup()
 
 

@@ -12,7 +12,6 @@ import torch
 import yaml
 from transformers.trainer_callback import TrainerState
 
-from poise_trl.algorithms.base import TASK_REWARD_PREFIX
 from poise_trl.core.provenance import package_versions, write_json, write_text
 from poise_trl.engines.generation import is_tiny_on_cpu, training_generation_record
 from poise_trl.engines.vllm_server import server_errors
@@ -21,6 +20,7 @@ from poise_trl.run.hub import build_model_card, push_final_model
 from poise_trl.run.plan import check_memory_plan
 from poise_trl.run.recipe import parse_recipe
 from poise_trl.run.run_folder import clear_run_folder, rerun_outcome
+from poise_trl.seam.trainer import TASK_REWARD_PREFIX
 
 
 def save_full_model(trainer, folder: Path) -> None:
@@ -73,7 +73,7 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     if resume_from and (folder.step >= args.max_steps or eval_callback.budget_spent_in(resume_from)):
         # Nothing is left to train, and Trainer would still take a step: finish from the checkpoint (with
         # the closing evaluation, which runs after the last save).
-        trainer._load_from_checkpoint(resume_from)
+        trainer.load_checkpoint_weights(resume_from)
         trainer.state = TrainerState.load_from_json(str(Path(resume_from) / "trainer_state.json"))
         eval_callback.restore(resume_from)
         eval_callback.on_train_end(args, trainer.state, trainer.control, model=trainer.model)

@@ -8,16 +8,14 @@ They follow TRL's signature, `f(completions, **dataset_columns) -> list[float]`,
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import numbers
-import os
-import sys
 from collections.abc import Callable, Sequence
 
 from torch import nn
 from transformers import TrainerState
 
+from poise_trl.core.loading import import_object
 from poise_trl.tasks import completion_text, task_reward
 from poise_trl.tasks.math_grader import extract_final_answer, grade_batch
 
@@ -41,30 +39,6 @@ REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
 }
 
 
-def import_reward_function(path: str) -> Callable[..., list[float]]:
-    """`package.module:function`, a TRL reward function of the user's own: an installed module, or one in
-    the working directory (put first on the import path, as `python -m` puts it, when nothing else has it)."""
-    module_name, _, attribute = path.partition(":")
-    try:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if os.getcwd() in sys.path or exc.name != module_name.partition(".")[0]:
-                raise
-            sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(module_name)
-        function = getattr(module, attribute)
-    except ImportError as exc:
-        raise ValueError(f"reward function {path!r}: cannot import {module_name!r} ({exc}) from the working "
-                         "directory or the installed packages; put its package on PYTHONPATH or install it"
-                         ) from None
-    except AttributeError:
-        raise ValueError(f"reward function {path!r}: module {module_name!r} has no {attribute!r}") from None
-    if not callable(function):
-        raise ValueError(f"reward function {path!r} is not callable")
-    return function
-
-
 def get_reward_functions(names: list[str]) -> list[Callable[..., list[float]]]:
     """The reward functions a recipe names (`rewards: [math_accuracy, my_pkg.rewards:length_penalty]`), in
     order: a built-in name, or an import path `module:function` of a TRL reward function."""
@@ -75,7 +49,8 @@ def get_reward_functions(names: list[str]) -> list[Callable[..., list[float]]]:
         problem = f"unknown reward function(s): {', '.join(unknown)}" if unknown else "no reward functions given"
         raise ValueError(f"{problem}; known reward functions: {', '.join(REWARD_FUNCTIONS)}, or an import path "
                          "package.module:function")
-    return [REWARD_FUNCTIONS[name] if name in REWARD_FUNCTIONS else import_reward_function(name) for name in names]
+    return [REWARD_FUNCTIONS[name] if name in REWARD_FUNCTIONS else import_object(name, "reward function")
+            for name in names]
 
 
 DRY_BATCH_ROWS = 2

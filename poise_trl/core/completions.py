@@ -1,7 +1,8 @@
 """The completion table of a training run (`log_completions: true`): one row per training completion.
 
-It goes to the tracker through TRL's own table (`into_trl_table`) and to `<output_dir>/completions.jsonl`;
-a resumed run first drops the lines after its checkpoint. Details: docs/training.md ("The completion table").
+It goes to the tracker through TRL's own table (`seam.grpo.into_trl_table`) and to
+`<output_dir>/completions.jsonl`; a resumed run first drops the lines after its checkpoint. Details:
+docs/training.md ("The completion table").
 """
 
 from __future__ import annotations
@@ -58,16 +59,6 @@ class CompletionTable:
         with self.path.open("a") as file:
             file.writelines(json.dumps(row) + "\n" for row in self.pending)
         self.pending = []
-
-
-def into_trl_table(trl_logs: dict, advantages: Sequence[float], columns: dict[str, Sequence]) -> None:
-    """`trl_logs` is a GRPOTrainer's `_logs`, to which TRL has just appended a round's prompts, completions and
-    its own advantages: those become `advantages`, and `columns` (task, baseline) extra columns of the table."""
-    for _ in advantages:
-        trl_logs["advantages"].pop()
-    trl_logs["advantages"].extend(advantages)
-    for name, values in columns.items():
-        trl_logs["extra"][name].extend(values)
 
 
 def truncate_after(path: str | Path, step: int) -> None:

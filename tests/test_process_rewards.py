@@ -10,8 +10,8 @@ import torch
 from helpers import assert_parameters_moved, build_trainer, trainable_parameters
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from poise_trl.algorithms import get_algorithm
-from poise_trl.algorithms.baselines import GRPOProcessConfig
+from poise_trl.algorithms import algorithms, get_algorithm
+from poise_trl.algorithms.baselines import GRPOArmConfig
 from poise_trl.algorithms.process_rewards import (
     ProcessRewardMixin,
     answer_logprob_means,
@@ -19,6 +19,7 @@ from poise_trl.algorithms.process_rewards import (
     process_rewards_from_values,
     thin_boundaries,
 )
+from poise_trl.seam.grpo import GRPOSeam
 
 # ---------------------------------------------------------------------------------------
 # Segmentation
@@ -74,8 +75,8 @@ def test_process_rewards_land_on_episode_ends():
 
 def test_config_mixin_validates():
     with pytest.raises(ValueError, match="process_reward_norm"):
-        GRPOProcessConfig(output_dir="x", process_reward_norm="token", use_cpu=True, report_to="none")
-    cfg = GRPOProcessConfig(output_dir="x", process_reward_markers="\n", use_cpu=True, report_to="none")
+        GRPOArmConfig(output_dir="x", process_reward_norm="token", use_cpu=True, report_to="none")
+    cfg = GRPOArmConfig(output_dir="x", process_reward_markers="\n", use_cpu=True, report_to="none")
     assert cfg.process_reward_markers == ["\n"]
 
 
@@ -107,16 +108,13 @@ def test_answer_logprob_means_batched_equals_one_by_one(tiny_random_model_dir):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("base", ["grpo", "rloo", "poise"])
-def test_registered_compositions_are_their_base_plus_process_rewards(base):
-    plain, composed = get_algorithm(base), get_algorithm(f"{base}_process")
-    assert issubclass(composed.trainer_class, ProcessRewardMixin)
-    assert issubclass(composed.trainer_class, plain.trainer_class)
-    assert issubclass(composed.config_class, plain.config_class)
-    plain_defaults = {f.name: f.default for f in dataclasses.fields(plain.config_class)}
-    composed_defaults = {f.name: f.default for f in dataclasses.fields(composed.config_class)}
-    assert composed_defaults["process_rewards"] is True
-    assert {k: v for k, v in composed_defaults.items() if k in plain_defaults} == plain_defaults
+def test_process_rewards_are_a_switch_of_every_grpo_based_algorithm():
+    for name, algorithm in algorithms().items():
+        if issubclass(algorithm.trainer_class, GRPOSeam):
+            assert issubclass(algorithm.trainer_class, ProcessRewardMixin), name
+            assert {f.name: f.default for f in dataclasses.fields(algorithm.config_class)}["process_rewards"] is False
+    with pytest.raises(ValueError, match="algo 'grpo_process' is gone: .* `algo: grpo` with `process_rewards: true`"):
+        get_algorithm("grpo_process")
 
 
 def interceptor(base):
@@ -137,10 +135,10 @@ def interceptor(base):
 
 # case -> (registered algo, overrides of its defaults); process_rewards is on in every case
 CASES = {
-    "grpo": ("grpo_process", {}),
-    "rloo": ("rloo_process", {}),
+    "grpo": ("grpo", {}),
+    "rloo": ("rloo", {}),
     "reinforce_pp": ("reinforce_pp", {"beta": 0.01}),
-    "poise": ("poise_process", {"probe_bootstrap_steps": 1, "probe_prompt_components": 2,
+    "poise": ("poise", {"probe_bootstrap_steps": 1, "probe_prompt_components": 2,
                                 "probe_response_components": 2, "probe_buffer_rows": 32}),
 }
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 PACKAGE = Path(__file__).resolve().parents[1] / "poise_trl"
 SEAM = PACKAGE / "seam"
@@ -68,3 +69,23 @@ def test_the_check_finds_an_override_and_a_call():
 def test_every_seam_module_is_documented(module):
     """docs/trl.md lists what each seam module touches."""
     assert f"seam/{module}.py" in (PACKAGE.parent / "docs" / "trl.md").read_text()
+
+
+def test_outcome_advantages_by_name(tmp_path, tiny_random_model_dir):
+    """`advantage:` picks the pure function of core/estimators.py; a wrong name is one line before any model loads."""
+    from helpers import build_trainer
+
+    from poise_trl.core import estimators
+    from poise_trl.run.recipe import parse_recipe
+
+    recipe = {"algo": "grpo", "model": str(tiny_random_model_dir), "dataset": "toy-arith", "dataset_size": 8,
+              "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 4, "max_steps": 1}
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    for name, function in estimators.OUTCOME_ADVANTAGES.items():
+        trainer = build_trainer({**recipe, "advantage": name}, tmp_path / name)
+        torch.testing.assert_close(trainer.compute_advantages(rewards, {}), function(rewards, 2))
+    assert build_trainer(recipe, tmp_path / "trl").compute_advantages(rewards, {}) is None  # TRL's own
+    with pytest.raises(ValueError, match="advantage must be one of grpo, group_mean, rloo"):
+        parse_recipe({**recipe, "advantage": "rlo"})
+    with pytest.raises(ValueError, match="unknown recipe key 'advantage' for algo 'poise'"):
+        parse_recipe({**recipe, "algo": "poise", "advantage": "rloo"})

@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import torch
+import trl
 from helpers import VARYING_REWARD, assert_saved_weights_moved, saved_tensors
 
 from poise_trl.run.recipe import RecipeError, load_recipe
@@ -46,7 +47,7 @@ def test_two_step_run_writes_summary_and_checkpoints(tmp_path, tiny_random_model
     assert written["algo"] == algo
     assert written["start_heldout_accuracy"] is not None and written["final_heldout_accuracy"] is not None
     assert [h["step"] for h in written["heldout_history"]] == [0, 1, 2]
-    assert written["versions"]["trl"].startswith("1.16")
+    assert written["versions"]["trl"] == trl.__version__  # the TRL that ran it (CI runs 1.14 and 1.16)
     assert written["recipe"]["algo"] == algo
     assert (out / "checkpoint-2" / "model.safetensors").exists()
     assert_saved_weights_moved(tiny_random_model_dir, out / "final")

@@ -27,6 +27,10 @@ def algorithms() -> dict[str, Algorithm]:
 
 def get_algorithm(name: str) -> Algorithm:
     known = _registered()
+    base = name.removesuffix("_process")
+    if name not in known and base in known:
+        raise ValueError(f"algo {name!r} is gone: process rewards are a switch of every algorithm, so write "
+                         f"`algo: {base}` with `process_rewards: true`")
     if name not in known:
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -24,7 +24,7 @@ from trl.import_utils import suppress_experimental_warning
 with suppress_experimental_warning():  # as TRL's own imports of trl.experimental; the registry says "experimental"
     from trl.experimental.a2po import A2POConfig
 
-from poise_trl.algorithms.base import Signal, logged, register_algorithm, setting
+from poise_trl.algorithms.base import BudgetHolder, Signal, logged, register_algorithm, setting
 from poise_trl.core.distributed import summed_over_processes
 from poise_trl.core.loading import RecipeError
 from poise_trl.core.provenance import write_json
@@ -95,10 +95,9 @@ class CountingA2POTrainer(A2POSeam):
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _eval_callback(self):
-        """The run's held-out evaluation, which holds the generation budget (`callbacks.HeldOutEvalCallback`;
-        found by its `budget`, so that this lower layer names nothing of the run assembly)."""
-        return next((c for c in self.callback_handler.callbacks if hasattr(c, "budget")), None)
+    def _eval_callback(self) -> BudgetHolder | None:
+        """The run's budget holder (the held-out evaluation, in `poise train`)."""
+        return next((c for c in self.callback_handler.callbacks if isinstance(c, BudgetHolder)), None)
 
     def _prompt_text(self, example) -> str:
         return maybe_apply_chat_template(example, self.processing_class)["prompt"]
@@ -132,7 +131,7 @@ class CountingA2POTrainer(A2POSeam):
 
         def count(sequences, prompt_width):
             nonlocal tokens, rollouts
-            lengths = completion_lengths(sequences[:, prompt_width:], self.eos_token_ids)
+            lengths = completion_lengths(sequences[:, prompt_width:], self.stop_token_ids)
             tokens += int(lengths.sum())
             rollouts += lengths.numel()
             # One process: stop at the first batch past the budget rather than after all of stage 1
@@ -180,7 +179,7 @@ class CountingA2POTrainer(A2POSeam):
     def on_stage2_batch(self, inputs, output):
         if self.model.training:
             completion_ids = output["input_ids"][:, -output["logits_to_keep"]:]
-            lengths = completion_lengths(completion_ids, self.eos_token_ids)
+            lengths = completion_lengths(completion_ids, self.stop_token_ids)
             zero = (output["rewards"] - output["v_star"]).abs() < ZERO_TARGET_TOLERANCE
             tokens, rollouts, zero_signal = summed_over_processes(
                 self.accelerator, [int(lengths.sum()), lengths.numel(), int(zero.sum())])

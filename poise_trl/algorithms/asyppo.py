@@ -17,6 +17,7 @@ from trl import GRPOConfig
 from poise_trl.algorithms.base import CompareTable, register_algorithm, setting
 from poise_trl.algorithms.critic_report import CriticReportCallback
 from poise_trl.algorithms.critics import STATE_FILE, CriticEnsemble
+from poise_trl.algorithms.process_rewards import ProcessRewardArguments, ProcessRewardMixin
 from poise_trl.core import estimators
 from poise_trl.core.distributed import gather_padded
 from poise_trl.core.loading import resolve_model_path
@@ -27,7 +28,7 @@ CRITIC_VALUES = ("before_update", "after_update", "cross_fit")
 
 
 @dataclass
-class AsyPPOConfig(GRPOConfig):
+class AsyPPOConfig(ProcessRewardArguments, GRPOConfig):
     """GRPOConfig plus the critics, GAE, AsyPPO's masks and VAPO's options; defaults are the AsyPPO paper's.
 
     `entropy_coef` (TRL's field) is the beta of AsyPPO's filtered entropy term (`filtered_entropy_bonus`).
@@ -142,7 +143,7 @@ class VAPOConfig(PPOConfig):
     num_generations: int | None = setting(16, "Rollouts per prompt (group sampling).")
 
 
-class AsyPPOTrainer(GRPOSeam):
+class AsyPPOTrainer(ProcessRewardMixin, GRPOSeam):
     """GRPOTrainer whose per-token advantages come from GAE on an ensemble of critics."""
 
     def __init__(self, model, *args, **kwargs):

@@ -16,6 +16,16 @@ import torch
 from transformers import TrainerCallback
 
 
+class BudgetHolder(TrainerCallback):
+    """The callback that holds a run's generation budget (`budget`: a unit and an amount, or None) and its
+    clocks (`train_seconds`, `wall_clock_before`): how a trainer that generates before the Trainer's first step
+    (A*-PO's stage 1) checks and charges the budget. `poise train` attaches `run.callbacks.HeldOutEvalCallback`."""
+
+    budget = None
+    train_seconds = 0.0
+    wall_clock_before = 0.0
+
+
 class RunCallback(TrainerCallback):
     """A callback an algorithm attaches to each run; `finish` ends a resumed run with nothing left to do."""
 

@@ -1,5 +1,6 @@
-"""The baselines users compare against, on GRPOTrainer's machinery: GRPO (TRL's own
-advantages) and RLOO, each also with training-free process rewards."""
+"""The baselines users compare against, on GRPOTrainer's machinery: GRPO and RLOO, one trainer whose outcome
+advantages a recipe names (`advantage:`, `core/estimators.OUTCOME_ADVANTAGES`). Process rewards are a switch
+of every GRPO-based algorithm (`process_rewards: true`)."""
 
 from __future__ import annotations
 
@@ -8,51 +9,47 @@ from dataclasses import dataclass
 from trl import GRPOConfig
 
 from poise_trl.algorithms.base import register_algorithm, setting
-from poise_trl.algorithms.process_rewards import ProcessRewardMixin, ProcessRewardsOn
+from poise_trl.algorithms.process_rewards import ProcessRewardArguments, ProcessRewardMixin
 from poise_trl.core import estimators
 from poise_trl.seam.grpo import GRPOSeam
 
 
 @dataclass
-class RLOOConfig(GRPOConfig):
+class GRPOArmConfig(ProcessRewardArguments, GRPOConfig):
+    """TRL's GRPOConfig plus the outcome advantages by name."""
+
+    advantage: str | None = setting(None, "Outcome advantages by name, one of "
+                                          f"{', '.join(estimators.OUTCOME_ADVANTAGES)} (core/estimators.py); null: "
+                                          "TRL's own (group mean, scaled as scale_rewards says).")
+
+    def __post_init__(self):
+        if self.advantage is not None and self.advantage not in estimators.OUTCOME_ADVANTAGES:
+            raise ValueError(f"advantage must be one of {', '.join(estimators.OUTCOME_ADVANTAGES)} or null, got "
+                             f"{self.advantage!r}")
+        super().__post_init__()
+
+
+@dataclass
+class RLOOConfig(GRPOArmConfig):
     """GRPO settings; the advantage is r_i minus the mean reward of the other rollouts of
     the prompt, with no std scaling (Kool et al. 2019; TRL's RLOO default)."""
 
+    advantage: str | None = setting("rloo", "Leave-one-out baseline.")
     scale_rewards: str = setting("none", "No std division of the advantages.")
 
 
-class RLOOTrainer(GRPOSeam):
-    """Leave-one-out baseline on GRPOTrainer (not `trl.RLOOTrainer`, so every algorithm
-    here shares one generation, loss and logging path)."""
+class OutcomeTrainer(ProcessRewardMixin, GRPOSeam):
+    """GRPOTrainer with the recipe's outcome advantages (not `trl.RLOOTrainer`, so every algorithm here shares
+    one generation, loss and logging path)."""
 
     def compute_advantages(self, rewards, output):
-        return self.local_rows(estimators.rloo_advantages(rewards, self.num_generations))
+        if self.args.advantage is None:
+            return None
+        return self.local_rows(estimators.OUTCOME_ADVANTAGES[self.args.advantage](rewards, self.num_generations))
 
 
-@dataclass
-class GRPOProcessConfig(ProcessRewardsOn, GRPOConfig):
-    """GRPOConfig plus the process-reward settings, switched on."""
-
-
-class GRPOProcessTrainer(ProcessRewardMixin, GRPOSeam):
-    """TRL's GRPO (its own group-normalized outcome advantages) plus process rewards."""
-
-
-@dataclass
-class RLOOProcessConfig(ProcessRewardsOn, RLOOConfig):
-    """RLOOConfig plus the process-reward settings, switched on."""
-
-
-class RLOOProcessTrainer(ProcessRewardMixin, RLOOTrainer):
-    """Leave-one-out outcome advantages plus process rewards."""
-
-
-register_algorithm("grpo", GRPOConfig, GRPOSeam, "GRPO",
+register_algorithm("grpo", GRPOArmConfig, OutcomeTrainer, "GRPO",
                    "TRL's GRPO: group-mean baseline scaled by the group std",
                    card="GRPO: group-mean baseline scaled by the group standard deviation")
-register_algorithm("rloo", RLOOConfig, RLOOTrainer, "RLOO", "leave-one-out baseline, no std scaling",
+register_algorithm("rloo", RLOOConfig, OutcomeTrainer, "RLOO", "leave-one-out baseline, no std scaling",
                    card="RLOO: leave-one-out baseline")
-register_algorithm("grpo_process", GRPOProcessConfig, GRPOProcessTrainer, "GRPO",
-                   "GRPO + training-free process rewards")
-register_algorithm("rloo_process", RLOOProcessConfig, RLOOProcessTrainer, "RLOO",
-                   "RLOO + training-free process rewards")

@@ -18,6 +18,7 @@ from trl import GRPOConfig
 from trl.trainer.utils import pad
 
 from poise_trl.algorithms.base import DAPOLoss, PromptStream, Signal, register_algorithm, setting
+from poise_trl.algorithms.process_rewards import ProcessRewardArguments, ProcessRewardMixin
 from poise_trl.core import estimators
 from poise_trl.core.provenance import write_json
 from poise_trl.seam.grpo import GRPOSeam
@@ -28,7 +29,7 @@ PROMPT_KEYS = ("prompt_ids", "prompt_mask")  # left-padded; every other (B, W) t
 
 
 @dataclass
-class DAPOConfig(DAPOLoss, GRPOConfig):
+class DAPOConfig(ProcessRewardArguments, DAPOLoss, GRPOConfig):
     """GRPOConfig plus DAPO's dynamic sampling and overlong reward shaping."""
 
     dynamic_sampling: bool = setting(True, "Drop groups that are all correct or all wrong (DAPO Eq. 11) and generate "
@@ -112,7 +113,7 @@ def merge_batches(outputs: list[dict], rows: list[tuple[int, int]], pad_token_id
 # --- Trainer ---------------------------------------------------------------------------
 
 
-class DAPOTrainer(GRPOSeam):
+class DAPOTrainer(ProcessRewardMixin, GRPOSeam):
     """GRPO advantages on overlong-shaped rewards, with dynamic sampling of groups with 0 < #correct < G."""
 
     def __init__(self, *args, **kwargs):

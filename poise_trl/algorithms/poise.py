@@ -30,7 +30,7 @@ from poise_trl.algorithms.base import (
     register_algorithm,
     setting,
 )
-from poise_trl.algorithms.process_rewards import ProcessRewardMixin, ProcessRewardsOn
+from poise_trl.algorithms.process_rewards import ProcessRewardArguments, ProcessRewardMixin
 from poise_trl.core import estimators
 from poise_trl.core.distributed import summed_over_processes
 from poise_trl.core.metrics import calibration_bins, mean_or_none
@@ -45,7 +45,7 @@ SELECTION_STATE_FILE = "poise_selection.json"
 
 
 @dataclass
-class POISEConfig(DAPOLoss, GRPOConfig):
+class POISEConfig(ProcessRewardArguments, DAPOLoss, GRPOConfig):
     """GRPOConfig plus the POISE probe; RL defaults follow the reference run (docs/algorithms.md)."""
 
     num_generations: int | None = setting(2, "Rollouts per prompt (POISE's pair).")
@@ -117,7 +117,7 @@ def select_prompts(predicted: torch.Tensor, k: int, random_count: int,
     return floor + ranked, [True] * len(floor) + [False] * len(ranked)
 
 
-class POISETrainer(GRPOSeam):
+class POISETrainer(ProcessRewardMixin, GRPOSeam):
     """GRPOTrainer whose baseline is a linear probe on the policy's own hidden states."""
 
     def __init__(self, *args, **kwargs):
@@ -416,22 +416,15 @@ def plot_predicted_vs_realized(calibration: list[dict], records: list[dict], pat
     plt.close(fig)
 
 
-@dataclass
-class POISEProcessConfig(ProcessRewardsOn, POISEConfig):
-    """POISEConfig plus the process-reward settings, switched on."""
-
-
-class POISEProcessTrainer(ProcessRewardMixin, POISETrainer):
-    """POISE's cross-rollout outcome advantages plus process rewards. The V(prefix) passes call
-    the model directly, outside the probe's hidden-state capture, so they add no features."""
-
-
 def probe_signal(key: str):
     # the probe's metrics exist only where it gave the baselines (its MAE is logged only then)
     return lambda entry: entry.get(key) if entry.get("probe/mae") is not None else None
 
 
-POISE_DECLARES = dict(
+register_algorithm(
+    "poise", POISEConfig, POISETrainer, "POISE", "2 rollouts, cross-rollout baseline from a hidden-state probe",
+    card="POISE: 2 rollouts per prompt, each rollout's baseline predicted by a linear probe on the policy's hidden "
+         "states and entropies from the other rollout",
     min_generations_reason="each rollout's baseline comes from another rollout of the same prompt",
     callbacks=(ProbeReport,), run_files=("probe_report.json", "probe_values.png"),
     # one probe and buffer per task, as POISE's official code keeps one per domain (null: one shared probe)
@@ -449,9 +442,3 @@ POISE_DECLARES = dict(
         "selection/informativeness_pool": ("p(1-p) pool", "mean"),
         "selection/informativeness_rolled_out": ("p(1-p) rolled out", "mean")}),),
 )
-register_algorithm(
-    "poise", POISEConfig, POISETrainer, "POISE", "2 rollouts, cross-rollout baseline from a hidden-state probe",
-    card="POISE: 2 rollouts per prompt, each rollout's baseline predicted by a linear probe on the policy's hidden "
-         "states and entropies from the other rollout", **POISE_DECLARES)
-register_algorithm("poise_process", POISEProcessConfig, POISEProcessTrainer, "POISE",
-                   "POISE + training-free process rewards", **POISE_DECLARES)

@@ -135,14 +135,11 @@ def answer_logprob_means(
 # --- Config and trainer mixins ---------------------------------------------------------
 
 
-PROCESS_REWARDS_HELP = "Add training-free process rewards to the outcome advantages."
-
-
 @dataclass
 class ProcessRewardArguments:
-    """Config mixin: `class MyConfig(ProcessRewardArguments, GRPOConfig)`."""
+    """Config mixin of every GRPO-based algorithm: `process_rewards: true` switches them on for any of them."""
 
-    process_rewards: bool = setting(False, PROCESS_REWARDS_HELP)
+    process_rewards: bool = setting(False, "Add training-free process rewards to the outcome advantages.")
     process_reward_markers: list[str] = field(
         default_factory=lambda: list(DEFAULT_MARKERS),
         metadata={"help": "Episode markers: whitespace-only ones end an episode, word markers start one."},
@@ -176,16 +173,9 @@ class ProcessRewardArguments:
         super().__post_init__()
 
 
-@dataclass
-class ProcessRewardsOn(ProcessRewardArguments):
-    """The process-reward settings, switched on: the config mixin of each `<algo>_process` twin."""
-
-    process_rewards: bool = setting(True, PROCESS_REWARDS_HELP)
-
-
 class ProcessRewardMixin:
-    """Trainer mixin: `class MyTrainer(ProcessRewardMixin, SomeGRPOTrainer)`. Adds the
-    process advantages to the final `advantages` of every training generation round."""
+    """Trainer mixin of every GRPO-based algorithm (`class MyTrainer(ProcessRewardMixin, GRPOSeam)`): with
+    `process_rewards` on, adds the process advantages to the final `advantages` of every training round."""
 
     _pieces: list[str] | None = None
 

@@ -106,6 +106,17 @@ def reinforce_pp_baseline_advantages(
     return reinforce_pp_global_advantages(group_mean_advantages(rewards, group_size), eps=eps)
 
 
+# Outcome advantages a recipe chooses by name (`advantage:`): rewards (B,) in generation order, where consecutive
+# runs of `group_size` rows share a prompt -> advantages (B,).
+OUTCOME_ADVANTAGES = {
+    "grpo": group_normalized_advantages,
+    "group_mean": group_mean_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_pp": lambda rewards, group_size: reinforce_pp_global_advantages(rewards),
+    "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
+}
+
+
 # --- POISE cross-rollout baseline ------------------------------------------------------
 
 

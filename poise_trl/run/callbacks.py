@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from transformers import TrainerCallback
 from transformers.integrations import is_deepspeed_zero3_enabled
 
+from poise_trl.algorithms.base import BudgetHolder
 from poise_trl.core.provenance import write_json
 from poise_trl.engines.generation import colocated_vllm, evaluate_accuracy, training_engine
 from poise_trl.run.run_folder import write_checkpoint_marker
@@ -41,7 +42,7 @@ class Budget:
         return min(self.points, spent * self.points // self.amount)
 
 
-class HeldOutEvalCallback(TrainerCallback):
+class HeldOutEvalCallback(BudgetHolder):
     """Held-out Avg@k accuracy against the compute spent to reach it.
 
     Evaluates at the start, every `every` steps, at each budget point and at the end; each point records the

@@ -350,7 +350,7 @@ class GRPOSeam(TrainerSeam, GRPOTrainer):
             return super()._generate_single_turn(*args, **kwargs)
         self._capture_generation = False  # one generate call per round in this path
         need = self.feature_need
-        with GenerationCapture(self.accelerator.unwrap_model(self.model), need.layer, self.eos_token_ids,
+        with GenerationCapture(self.accelerator.unwrap_model(self.model), need.layer, self.stop_token_ids,
                                need.think_end_id, self.temperature, need.pool_tokens) as capture:
             completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
             with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):

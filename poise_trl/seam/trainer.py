@@ -52,6 +52,13 @@ class TrainerSeam:
     # -- helpers ------------------------------------------------------------------------------
 
     @property
+    def stop_token_ids(self) -> list[int]:
+        """The ids that end a completion: TRL 1.16's `eos_token_ids` (the generation config's too); TRL 1.14 stops
+        at the tokenizer's EOS alone."""
+        ids = getattr(self, "eos_token_ids", None)
+        return list(ids) if ids is not None else [self.processing_class.eos_token_id]
+
+    @property
     def mode(self) -> str:
         return "train" if self.model.training else "eval"
 

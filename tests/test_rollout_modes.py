@@ -66,6 +66,19 @@ def test_every_algorithm_trains_in_every_rollout_mode(tmp_path, tiny_random_mode
         assert trainer.feature_sources == {"trl_pass": 0, "generation": 0, "extra_pass": 1}
 
 
+@pytest.mark.slow
+def test_poise_with_tools_reads_its_features_on_trls_own_pass_where_trl_runs_one(tmp_path, tiny_random_model_dir):
+    """Tool calls build a rollout from several generate calls, so the generate call cannot serve the features;
+    with num_iterations 2, TRL runs its own no-grad pass over the whole rollout and the features ride on it."""
+    recipe = mode_recipe(tiny_random_model_dir, "poise", "tools") | {"num_iterations": 2}
+    trainer = build_trainer(recipe, tmp_path / "run")
+    assert trainer.generation_capture_blocker is not None and trainer.trl_runs_no_grad_pass()
+    trainer.train()
+    assert trainer.feature_sources == {"trl_pass": 1, "generation": 0, "extra_pass": 0}
+    assert [e["probe/features_from_trl_pass"] for e in trainer.state.log_history if "probe/features_from_trl_pass"
+            in e] == [1.0]
+
+
 def test_a_trainer_without_rollout_modes_refuses_them_in_one_line(tmp_path, tiny_random_model_dir):
     recipe = {"algo": "a2po", "model": str(tiny_random_model_dir), "tools": "fixtures.user_rollouts:add"}
     with pytest.raises(RecipeError, match="algo a2po cannot take tools"):

@@ -116,7 +116,7 @@ def test_both_stages_are_counted_exactly(tmp_path, tiny_random_model_dir):
     trainer.train()
     assert_parameters_moved(before, trainer)
     assert trainer.state.global_step == 2
-    stage1, stage2 = rec.tokens("ref", trainer.eos_token_ids), rec.tokens("policy", trainer.eos_token_ids)
+    stage1, stage2 = rec.tokens("ref", trainer.stop_token_ids), rec.tokens("policy", trainer.stop_token_ids)
     assert len(stage1) == PROMPTS * SAMPLES and len(stage2) == 2 * BATCH
     assert trainer.stage1_rollouts == PROMPTS * SAMPLES and trainer.stage1_tokens == sum(stage1)
     assert trainer.generated_rollouts == PROMPTS * SAMPLES + 2 * BATCH
@@ -184,7 +184,7 @@ def test_resume_keeps_v_star_and_the_filtered_train_set(tmp_path, tiny_random_mo
     assert (resumed.stage1_tokens, resumed.stage1_rollouts) == (straight.stage1_tokens, straight.stage1_rollouts)
     # the counters continue from the checkpoint: stage 1 once, then the step the resumed run took
     assert resumed.generated_rollouts == straight.generated_rollouts == PROMPTS * SAMPLES + BATCH + (kept - BATCH)
-    assert resumed.generated_tokens == state["generated_tokens"] + sum(rec.tokens("policy", resumed.eos_token_ids))
+    assert resumed.generated_tokens == state["generated_tokens"] + sum(rec.tokens("policy", resumed.stop_token_ids))
     assert resumed.zero_signal_rollouts >= PROMPTS * SAMPLES
 
     (checkpoint / A2PO_STATE_FILE).unlink()
@@ -206,7 +206,7 @@ def test_a_budget_stage_1_cannot_fit_is_one_line(tmp_path, tiny_random_model_dir
     with pytest.raises(RecipeError) as caught:
         trainer.train()
     message = str(caught.value)
-    spent = sum(rec.tokens("ref", trainer.eos_token_ids))
+    spent = sum(rec.tokens("ref", trainer.stop_token_ids))
     assert "\n" not in message and f"{spent} generated tokens after {BATCH} of {PROMPTS} prompts" in message
     assert "budget_tokens is 40" in message and "num_value_samples" in message
     assert len(rec.outputs["ref"]) == 1 and rec.outputs["policy"] == []  # stopped after its first batch

@@ -73,7 +73,7 @@ def test_poise_run_writes_probe_report_and_plot(tmp_path, tiny_random_model_dir)
     report = json.loads((out / "probe_report.json").read_text())
     assert report["rounds"] == 2 and report["probe_active_rounds"] == 1
     assert report["per_round"][1]["probe_active"] is True
-    assert report["versions"]["trl"].startswith("1.16")
+    assert report["versions"]["trl"] == trl.__version__
     assert (out / "probe_values.png").stat().st_size > 1000
     assert (out / "checkpoint-2" / "poise_probe.safetensors").exists()
 

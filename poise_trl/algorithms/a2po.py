@@ -84,6 +84,7 @@ class CountingA2POTrainer(TrainerContract, A2POTrainer):
                          eval_dataset=eval_dataset, processing_class=processing_class, callbacks=callbacks,
                          optimizers=optimizers)
         self.init_counters()
+        self.add_run_callbacks()
         self.completion_table = (CompletionTable(self.args.output_dir, self.accelerator.is_main_process)
                                  if self.args.log_completions else None)
         self.stage1_tokens: int | None = None  # None until stage 1 ran (or came back from a checkpoint)

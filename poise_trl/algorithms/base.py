@@ -129,16 +129,20 @@ ALGORITHMS: dict[str, Algorithm] = {}
 
 
 def register_algorithm(name: str, config_class: type, trainer_class: type, display_name: str, description: str,
-                       **declared) -> None:
-    """Register algorithm `name`; `declared` sets the other fields of `Algorithm` (callbacks, files, ...)."""
+                       **declared) -> Algorithm:
+    """Register algorithm `name`; `declared` sets the other fields of `Algorithm` (callbacks, files, ...). A
+    recipe names it `algo: name`, or from outside the package by where the returned value lives,
+    `algo: module:attribute` (`algorithms.get_algorithm`)."""
     if name in ALGORITHMS:
         raise ValueError(f"algo {name!r} is registered twice")
     ALGORITHMS[name] = Algorithm(name, config_class, trainer_class, display_name, description, **declared)
+    return ALGORITHMS[name]
 
 
 class TrainerContract:
     """What `poise train`, the callbacks and `poise compare` rely on in every trainer (first in the bases):
 
+    - its algorithm's callbacks (`add_run_callbacks`);
     - counters (`init_counters`): `generated_tokens`, `generated_rollouts` (the budget units),
       `policy_forward_passes` and `pending_logs` (values for the step's log entry);
     - `save_side_state(checkpoint)` / `load_side_state(checkpoint)`, called by TRL's save and load;
@@ -150,6 +154,18 @@ class TrainerContract:
         self.generated_rollouts = 0
         self.policy_forward_passes = 0
         self.pending_logs: dict[str, float] = {}
+
+    def add_run_callbacks(self) -> None:
+        """The callbacks of the trainer's registered algorithm (`Algorithm.callbacks`: POISE's probe report, the
+        critics' report), so a trainer built in a user's script writes the reports `poise train` writes. The
+        algorithm is the most specific one whose config and trainer classes this trainer's are."""
+        matches = [algorithm for algorithm in ALGORITHMS.values()
+                   if isinstance(self, algorithm.trainer_class) and isinstance(self.args, algorithm.config_class)]
+        algorithm = max(matches, key=lambda a: (len(a.config_class.__mro__), len(a.trainer_class.__mro__)),
+                        default=None)
+        self.run_callbacks = [make(self, self.args.output_dir) for make in (algorithm.callbacks if algorithm else ())]
+        for callback in self.run_callbacks:
+            self.add_callback(callback)
 
     def save_side_state(self, checkpoint: Path) -> None:
         """Write what the trainer keeps beside TRL's checkpoint (probe, critics, streams)."""
@@ -192,6 +208,7 @@ class CountingGRPOTrainer(TrainerContract, GRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.init_counters()
+        self.add_run_callbacks()
         self.completion_table = (CompletionTable(self.args.output_dir, self.accelerator.is_main_process)
                                  if self.args.log_completions else None)
         self.table_columns: dict[str, list] = {}  # this round's extra columns, over all processes

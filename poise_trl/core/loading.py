@@ -1,11 +1,14 @@
-"""Loading a model's files: where a recipe's model name points, its tokenizer, and a check of its files
-before any of them is loaded. Training and evaluation both load through here."""
+"""Loading what a recipe names: where its model name points, the tokenizer, a check of the model's files
+before any of them is loaded, and the user's own code by import path (rewards, algorithms). Training and
+evaluation both load through here."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
@@ -23,11 +26,31 @@ BUNDLED_DATA = PACKAGE_ROOT / "data"
 
 
 def resolve_model_path(model: str) -> str:
-    """Recipes name the bundled model relative to the package (`data/tiny-qwen3`);
+    """Recipes name bundled files relative to the package (`data/tiny-qwen3`, `recipes/accelerate/ddp.yaml`);
     anything else is a local path or a hub id handed to transformers as is."""
     if not Path(model).exists() and (PACKAGE_ROOT / model).exists():
         return str(PACKAGE_ROOT / model)
     return model
+
+
+def import_from_path(path: str, what: str):
+    """`package.module:attribute` from an installed package, or from the working directory (put first on the
+    import path, as `python -m` puts it, when nothing else has the module); `what` names it in the error."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if os.getcwd() in sys.path or exc.name != module_name.partition(".")[0]:
+                raise
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+        return getattr(module, attribute)
+    except ImportError as exc:
+        raise RecipeError(f"{what} {path!r}: cannot import {module_name!r} ({exc}) from the working directory or "
+                          "the installed packages; put its package on PYTHONPATH or install it") from None
+    except AttributeError:
+        raise RecipeError(f"{what} {path!r}: module {module_name!r} has no {attribute!r}") from None
 
 
 def hub_unreachable(timeout: float = 1.0) -> str | None:

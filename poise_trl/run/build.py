@@ -159,10 +159,9 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
     run.eval_callback.trainer = trainer
     if show_progress:
         trainer.remove_callback(PrinterCallback)  # the live display replaces the raw log dicts
-    run.algorithm_callbacks = [make(trainer, args.output_dir, run.resume_from)
-                               for make in algorithm.callbacks]
+    run.algorithm_callbacks = trainer.run_callbacks  # the trainer added them (`TrainerContract.add_run_callbacks`)
     for callback in run.algorithm_callbacks:
-        trainer.add_callback(callback)
+        callback.resume_from = run.resume_from
     trainer.add_callback(CheckpointMarkerCallback())  # last: it marks a checkpoint complete
     run.trainer = trainer
     return run

@@ -8,16 +8,14 @@ They follow TRL's signature, `f(completions, **dataset_columns) -> list[float]`,
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import numbers
-import os
-import sys
 from collections.abc import Callable, Sequence
 
 from torch import nn
 from transformers import TrainerState
 
+from poise_trl.core.loading import import_from_path
 from poise_trl.tasks import completion_text, task_reward
 from poise_trl.tasks.math_grader import extract_final_answer, grade_batch
 
@@ -42,24 +40,8 @@ REWARD_FUNCTIONS: dict[str, Callable[..., list[float]]] = {
 
 
 def import_reward_function(path: str) -> Callable[..., list[float]]:
-    """`package.module:function`, a TRL reward function of the user's own: an installed module, or one in
-    the working directory (put first on the import path, as `python -m` puts it, when nothing else has it)."""
-    module_name, _, attribute = path.partition(":")
-    try:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if os.getcwd() in sys.path or exc.name != module_name.partition(".")[0]:
-                raise
-            sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(module_name)
-        function = getattr(module, attribute)
-    except ImportError as exc:
-        raise ValueError(f"reward function {path!r}: cannot import {module_name!r} ({exc}) from the working "
-                         "directory or the installed packages; put its package on PYTHONPATH or install it"
-                         ) from None
-    except AttributeError:
-        raise ValueError(f"reward function {path!r}: module {module_name!r} has no {attribute!r}") from None
+    """`package.module:function`, a TRL reward function of the user's own (`loading.import_from_path`)."""
+    function = import_from_path(path, "reward function")
     if not callable(function):
         raise ValueError(f"reward function {path!r} is not callable")
     return function

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,3 +156,52 @@ def test_math_task_rows_keep_the_sources_own_id(monkeypatch):
     row = {"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}
     assert ids_of({**row, "unique_id": "test/algebra/7.json"}) == ["test/algebra/7.json"]
     assert ids_of(row) == ["math-500/test/0"]
+
+
+# --- The first hour of issue 51: refusals before the libraries load, names looked up locally first, a run
+# that did not learn says so ---
+
+def test_every_bad_gpus_value_is_refused_in_one_line_before_torch_loads(tmp_path):
+    from poise_trl.cli.main import app
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "gpu" / "poise_qwen3-4b.yaml"
+    # each refusal in a fresh interpreter that reports, as it exits, whether torch or TRL were ever imported
+    probe = ("import atexit, sys; atexit.register(lambda: print('loaded:', sorted({'torch', 'trl'} & "
+             "set(sys.modules)), file=sys.stderr)); sys.argv[0] = 'poise'; from poise_trl.cli.main import app; app()")
+    for args in (["--gpus", "0"], ["--gpus", "-1"], ["--gpus", "two"], ["gpus=0"], ["gpus=-2"]):
+        run = subprocess.run([sys.executable, "-c", probe, "plan", str(recipe), *args], capture_output=True,
+                             text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(recipe.parents[2])})
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert run.returncode == 2 and len(errors) == 1 and "gpus" in errors[0], (args, run.stderr)
+        assert "loaded: []" in run.stderr, (args, run.stderr[-2000:])
+    from typer.testing import CliRunner
+
+    missing = CliRunner().invoke(app, ["train", str(tmp_path / "nowhere.yaml")])
+    assert missing.exit_code == 2 and "not found" in missing.output
+
+
+def test_a_dataset_typo_gets_did_you_mean_without_hf_hub_offline(monkeypatch):
+    from huggingface_hub import constants
+
+    from poise_trl.run import build
+    from poise_trl.tasks import TaskError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(build, "hub_unreachable", lambda: pytest.fail("the hub was asked about a local typo"))
+    with pytest.raises(TaskError, match="did you mean 'toy-arith'"):
+        build.require_hub_if_needed("toy-arithh", None)
+
+
+@pytest.mark.slow
+def test_a_run_whose_probe_never_fitted_and_whose_reward_stayed_0_says_so(tmp_path, tiny_random_model_dir):
+    from poise_trl.run.train import train_from_recipe
+
+    recipe = {"algo": "poise", "model": str(tiny_random_model_dir), "dataset": "toy-arith", "dataset_size": 16,
+              "eval_limit": 4, "eval_every": 0, "eval_num_samples": 1, "eval_max_new_tokens": 8,
+              "per_device_train_batch_size": 4, "max_completion_length": 8, "max_steps": 2, "logging_steps": 1,
+              "save_steps": 2, "seed": 0, "probe_bootstrap_steps": 4, "rewards": ["math_accuracy"]}
+    lines = []
+    train_from_recipe(recipe, str(tmp_path / "run"), show_progress=False, log=lines.append)
+    assert [line for line in lines if line.startswith("note: POISE's probe gave no baseline")], lines
+    assert [line for line in lines if line.startswith("note: the training reward was 0 at every logged step (2)")]

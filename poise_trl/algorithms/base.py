@@ -62,6 +62,10 @@ class RunCallback(TrainerCallback):
     def summary(self) -> dict:
         return {}
 
+    def closing_note(self) -> str | None:
+        """One line `poise train` prints at the end when the run did not do what the algorithm is for."""
+        return None
+
 
 @dataclass(frozen=True)
 class Signal:

@@ -20,7 +20,7 @@ from poise_trl.engines.vllm_server import server_generation
 from poise_trl.run.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
 from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
-from poise_trl.tasks import is_task, load_prompt_dataset
+from poise_trl.tasks import is_task, load_prompt_dataset, refuse_near_miss
 from poise_trl.tasks.prompts import DATASETS, DatasetUnavailableError
 from poise_trl.tasks.rewards import check_reward_functions, get_reward_functions
 
@@ -54,6 +54,7 @@ def require_hub_if_needed(source: str | list, split: str | None) -> None:
     HF_HUB_OFFLINE=1, `datasets` reads its local cache (or fails at once) by itself."""
     if is_task(source):  # generated or bundled with the task's package
         return
+    refuse_near_miss(source)  # a typo of a local name gets "did you mean", not the hub's absence
     spec = DATASETS.get(source)
     on_hub = spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists()
     if not on_hub or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):

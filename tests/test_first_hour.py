@@ -205,3 +205,22 @@ def test_a_run_whose_probe_never_fitted_and_whose_reward_stayed_0_says_so(tmp_pa
     train_from_recipe(recipe, str(tmp_path / "run"), show_progress=False, log=lines.append)
     assert [line for line in lines if line.startswith("note: POISE's probe gave no baseline")], lines
     assert [line for line in lines if line.startswith("note: the training reward was 0 at every logged step (2)")]
+
+
+def test_probe_eval_tables_fit_80_columns_and_say_what_n_a_means(monkeypatch):
+    """The committed toy report, as `poise probe-eval` prints it on an 80-column terminal: no cell cut or wrapped,
+    an all-n/a column left out with its reason, and what n/a means."""
+    from rich.console import Console
+
+    from poise_trl.cli import probe_eval
+
+    report = json.loads((GETTING_STARTED.parents[1] / "benchmarks" / "results" / "probe_eval_toy" /
+                         "report.json").read_text())
+    console = Console(width=80, record=True, force_terminal=False)
+    monkeypatch.setattr(probe_eval, "console", console)
+    probe_eval._print_report(report, Path("out"))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80 and "…" not in text
+    rows = {line.split("  ")[0]: line for line in text.splitlines() if line.startswith(("POISE probe", "train mean"))}
+    assert rows["train mean"].split() == ["train", "mean", "0.204", "n/a", "n/a-n/a", "n/a", "0.500", "0.242", "0.029"]
+    assert "n/a: the metric is undefined there" in text and "AUROC solved (prompts solved at least once" in text

@@ -180,7 +180,7 @@ def test_every_bad_gpus_value_is_refused_in_one_line_before_torch_loads(tmp_path
     assert missing.exit_code == 2 and "not found" in missing.output
 
 
-def test_a_dataset_typo_gets_did_you_mean_without_hf_hub_offline(monkeypatch):
+def test_dataset_and_model_typos_get_did_you_mean_without_hf_hub_offline(monkeypatch):
     from huggingface_hub import constants
 
     from poise_trl.run import build
@@ -191,6 +191,11 @@ def test_a_dataset_typo_gets_did_you_mean_without_hf_hub_offline(monkeypatch):
     monkeypatch.setattr(build, "hub_unreachable", lambda: pytest.fail("the hub was asked about a local typo"))
     with pytest.raises(TaskError, match="did you mean 'toy-arith'"):
         build.require_hub_if_needed("toy-arithh", None)
+    from poise_trl.core import loading
+
+    monkeypatch.setattr(loading, "hub_unreachable", lambda: pytest.fail("the hub was asked about a local typo"))
+    with pytest.raises(loading.RecipeError, match="did you mean the bundled 'data/tiny-qwen3'"):
+        loading.load_tokenizer("data/tiny-qwen")
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ evaluation both load through here."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import os
@@ -70,6 +71,10 @@ def load_tokenizer(model: str):
     from transformers import AutoTokenizer  # noqa: PLC0415 (`poise --help` imports this module)
 
     check_model_files(model)
+    bundled = [f"data/{folder.name}" for folder in BUNDLED_DATA.iterdir() if (folder / "config.json").is_file()]
+    if not Path(model).exists() and (close := difflib.get_close_matches(model, bundled, n=1, cutoff=0.8)):
+        # a local name first, then the hub (which offline would answer with a network error)
+        raise RecipeError(f"model {model!r} is no local folder; did you mean the bundled {close[0]!r}?")
     if not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
         if reason := hub_unreachable():
             raise RecipeError(f"model {model!r} is not a local folder and the Hugging Face Hub is unreachable here "

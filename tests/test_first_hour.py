@@ -229,3 +229,15 @@ def test_probe_eval_tables_fit_80_columns_and_say_what_n_a_means(monkeypatch):
     rows = {line.split("  ")[0]: line for line in text.splitlines() if line.startswith(("POISE probe", "train mean"))}
     assert rows["train mean"].split() == ["train", "mean", "0.204", "n/a", "n/a-n/a", "n/a", "0.500", "0.242", "0.029"]
     assert "n/a: the metric is undefined there" in text and "AUROC solved (prompts solved at least once" in text
+
+
+def test_shipped_recipes_load_by_name_or_repository_path_from_any_folder(tmp_path, monkeypatch):
+    from poise_trl.run.recipe import RecipeError, bundled_recipes, load_recipe, read_yaml
+
+    shipped = (GETTING_STARTED.parents[1] / "recipes" / "toy" / "poise.yaml").read_text()
+    monkeypatch.chdir(tmp_path)  # no recipes/ here: the package's own copies are found
+    assert load_recipe("poise") == load_recipe("toy/poise") == load_recipe("recipes/toy/poise.yaml") == \
+        read_yaml(shipped)
+    assert {"toy/poise", "gpu/poise_qwen3-4b", "accelerate/zero3"} <= set(bundled_recipes())
+    with pytest.raises(RecipeError, match="did you mean 'poise'"):
+        load_recipe("poisee")

@@ -79,6 +79,17 @@ def test_an_algorithm_from_the_working_directory_trains_from_a_recipe(tmp_path):
     assert summary["algo"] == "mean_baseline" and summary["steps"] == 2
     assert summary["trainer_config"]["num_generations"] == 2  # the module's config, not GRPO's default
 
-    (tmp_path / "my_recipe.yaml").write_text("algo: my_algos:MeanBaselineTrainer\n")
-    wrong = run_python(["-c", poise, "train", "my_recipe.yaml"], tmp_path)
-    assert wrong.returncode == 2 and "not a registered algorithm" in wrong.stderr, wrong.stderr[-2000:]
+
+
+def test_an_import_path_to_anything_but_a_registered_algorithm_is_refused(tmp_path, monkeypatch):
+    from poise_trl.algorithms import get_algorithm
+    from poise_trl.core.loading import RecipeError
+
+    (tmp_path / "not_algos.py").write_text("class MeanBaselineTrainer:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "not_algos", raising=False)
+    with pytest.raises(RecipeError, match="is a type, not a registered algorithm"):
+        get_algorithm("not_algos:MeanBaselineTrainer")
+    with pytest.raises(RecipeError, match="module 'not_algos' has no 'Missing'"):
+        get_algorithm("not_algos:Missing")

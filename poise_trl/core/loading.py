@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -16,6 +17,8 @@ from urllib.parse import urlparse
 
 from huggingface_hub import constants
 from safetensors import safe_open
+
+logger = logging.getLogger(__name__)
 
 
 class RecipeError(ValueError):
@@ -67,6 +70,20 @@ def hub_unreachable(timeout: float = 1.0) -> str | None:
     return None
 
 
+def offline_if_hub_unreachable() -> None:
+    """Without network and without HF_HUB_OFFLINE: go on as HF_HUB_OFFLINE=1 would (hub models and datasets
+    from the local cache, at once) instead of the retries `datasets` and transformers spend before failing,
+    and say so in one line."""
+    if constants.HF_HUB_OFFLINE or not (reason := hub_unreachable()):
+        return
+    os.environ["HF_HUB_OFFLINE"] = "1"  # for libraries not imported yet
+    constants.HF_HUB_OFFLINE = True  # huggingface_hub and transformers read it at every call
+    if (datasets_config := sys.modules.get("datasets.config")) is not None:
+        datasets_config.HF_HUB_OFFLINE = True  # `datasets` reads it once, at its import
+    logger.warning(f"note: {reason}: going on offline, with hub models and datasets from the local cache "
+                   "(HF_HUB_OFFLINE=1 says so up front)")
+
+
 def load_tokenizer(model: str):
     from transformers import AutoTokenizer  # noqa: PLC0415 (`poise --help` imports this module)
 
@@ -75,10 +92,8 @@ def load_tokenizer(model: str):
     if not Path(model).exists() and (close := difflib.get_close_matches(model, bundled, n=1, cutoff=0.8)):
         # a local name first, then the hub (which offline would answer with a network error)
         raise RecipeError(f"model {model!r} is no local folder; did you mean the bundled {close[0]!r}?")
-    if not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
-        if reason := hub_unreachable():
-            raise RecipeError(f"model {model!r} is not a local folder and the Hugging Face Hub is unreachable here "
-                              f"({reason}): give a local model folder, or set HF_HUB_OFFLINE=1 to use the hub cache")
+    if not Path(model).exists():
+        offline_if_hub_unreachable()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)
     except OSError as exc:

@@ -6,7 +6,6 @@ the tests and the benchmarks all build through `build_run`; nothing is written h
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,14 +13,14 @@ from peft import LoraConfig
 from transformers.trainer_callback import PrinterCallback
 
 from poise_trl.algorithms.base import RunCallback
-from poise_trl.core.loading import check_model_files, hub_unreachable, load_tokenizer, resolve_model_path
+from poise_trl.core.loading import check_model_files, load_tokenizer, offline_if_hub_unreachable, resolve_model_path
 from poise_trl.engines.generation import keep_cpu_engine_weights_reloadable, resolve_engine
 from poise_trl.engines.vllm_server import server_generation
 from poise_trl.run.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
 from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
 from poise_trl.tasks import is_task, load_prompt_dataset, refuse_near_miss
-from poise_trl.tasks.prompts import DATASETS, DatasetUnavailableError
+from poise_trl.tasks.prompts import DATASETS
 from poise_trl.tasks.rewards import check_reward_functions, get_reward_functions
 
 
@@ -49,27 +48,21 @@ def budget_from(settings: RunSettings) -> Budget | None:
         raise RecipeError(f"invalid budget: {exc}") from None
 
 
-def require_hub_if_needed(source: str | list, split: str | None) -> None:
-    """A hub dataset with no network fails here in about a second, with one line. With
-    HF_HUB_OFFLINE=1, `datasets` reads its local cache (or fails at once) by itself."""
+def hub_or_offline(source: str | list, split: str | None) -> None:
+    """A dataset name one typo from a local one gets "did you mean" at once; a hub dataset with no network is read
+    from the local cache (`loading.offline_if_hub_unreachable`), failing at once when it is not there."""
     if is_task(source):  # generated or bundled with the task's package
         return
-    refuse_near_miss(source)  # a typo of a local name gets "did you mean", not the hub's absence
+    refuse_near_miss(source)  # a local name first: offline, the hub would answer any name with a network error
     spec = DATASETS.get(source)
-    on_hub = spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists()
-    if not on_hub or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        return
-    reason = hub_unreachable()
-    if reason:
-        raise DatasetUnavailableError(
-            f"dataset {source!r} comes from the Hugging Face Hub, which is unreachable here ({reason}): give a local "
-            "copy (a .jsonl/.parquet/.csv file or folder) as `dataset`, or set HF_HUB_OFFLINE=1 to use the hub cache")
+    if spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists():
+        offline_if_hub_unreachable()
 
 
 def load_datasets(settings: RunSettings, seed: int):
-    require_hub_if_needed(settings.dataset, settings.dataset_split)
+    hub_or_offline(settings.dataset, settings.dataset_split)
     if settings.eval_dataset:
-        require_hub_if_needed(settings.eval_dataset, settings.eval_split)
+        hub_or_offline(settings.eval_dataset, settings.eval_split)
     columns = settings.dataset_columns
     common = dict(columns=columns, prompt_suffix=settings.prompt_suffix, system_prompt=settings.system_prompt,
                   task_config=settings.task_config)

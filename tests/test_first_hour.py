@@ -240,3 +240,17 @@ def test_shipped_recipes_load_by_name_or_repository_path_from_any_folder(tmp_pat
     assert {"toy/poise", "gpu/poise_qwen3-4b", "accelerate/zero3"} <= set(bundled_recipes())
     with pytest.raises(RecipeError, match="did you mean 'poise'"):
         load_recipe("poisee")
+
+
+@pytest.mark.parametrize("line", ["num_processes: 0", "num_processes: -1", "num_machines: 0", "num_processes: two"])
+def test_a_bad_process_or_machine_count_in_an_accelerate_config_is_refused(tmp_path, line):
+    from typer.testing import CliRunner
+
+    from poise_trl.cli.main import app
+
+    config = tmp_path / "launch.yaml"
+    config.write_text(f"distributed_type: MULTI_GPU\n{line}\n")
+    recipe = GETTING_STARTED.parents[1] / "recipes" / "gpu" / "poise_qwen3-4b.yaml"
+    result = CliRunner().invoke(app, ["plan", str(recipe), "--accelerate-config", str(config)])
+    errors = [text for text in result.output.splitlines() if text.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and f"{line.split(':')[0]}: " in errors[0], result.output

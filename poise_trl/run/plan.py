@@ -84,6 +84,10 @@ def sharding_from_accelerate_config(path: str | Path) -> Sharding:
             kind = "ddp"
         offload_optimizer = str(deepspeed.get("offload_optimizer_device", "none")).lower() in ("cpu", "nvme")
         offload_params = str(deepspeed.get("offload_param_device", "none")).lower() in ("cpu", "nvme")
+    for key in ("num_processes", "num_machines"):  # GPUs over all machines, machines
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise RecipeError(f"{path}: {key}: {value!r} is not a count: give {key} >= 1")
     processes = config.get("num_processes")
     return Sharding(kind, config.get("mixed_precision"), offload_optimizer, offload_params,
                     int(processes) if processes else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import run_two_cpu_ranks
 
-from poise_trl.algorithms.critics import CriticEnsemble, load_critic, token_values
+from poise_trl.algorithms.critics import CriticEnsemble, enable_activation_checkpointing, load_critic, token_values
+from poise_trl.core.loading import BUNDLED_DATA
 from poise_trl.run.toy import build_tiny_critic
 
 
@@ -190,3 +192,12 @@ def test_two_rank_asyppo_training_keeps_the_critics_identical(tiny_random_model_
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert rank0["updates"] == rank1["updates"] == 2
     assert all(torch.equal(p, q) for p, q in zip(rank0["params"], rank1["params"], strict=True))
+
+
+def test_a_critics_activation_checkpointing_is_switched_on_without_a_deprecation_warning():
+    """transformers 5.24 renamed gradient checkpointing (and warns on the old name); CI's second leg runs it."""
+    critic = load_critic(str(BUNDLED_DATA / "tiny-critic"), seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        enable_activation_checkpointing(critic)
+    assert getattr(critic, "is_activation_checkpointing", None) or critic.is_gradient_checkpointing

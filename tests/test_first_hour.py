@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,3 +156,101 @@ def test_math_task_rows_keep_the_sources_own_id(monkeypatch):
     row = {"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}
     assert ids_of({**row, "unique_id": "test/algebra/7.json"}) == ["test/algebra/7.json"]
     assert ids_of(row) == ["math-500/test/0"]
+
+
+# --- The first hour of issue 51: refusals before the libraries load, names looked up locally first, a run
+# that did not learn says so ---
+
+def test_every_bad_gpus_value_is_refused_in_one_line_before_torch_loads(tmp_path):
+    from poise_trl.cli.main import app
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "gpu" / "poise_qwen3-4b.yaml"
+    # each refusal in a fresh interpreter that reports, as it exits, whether torch or TRL were ever imported
+    probe = ("import atexit, sys; atexit.register(lambda: print('loaded:', sorted({'torch', 'trl'} & "
+             "set(sys.modules)), file=sys.stderr)); sys.argv[0] = 'poise'; from poise_trl.cli.main import app; app()")
+    for args in (["--gpus", "0"], ["--gpus", "-1"], ["--gpus", "two"], ["gpus=0"], ["gpus=-2"]):
+        run = subprocess.run([sys.executable, "-c", probe, "plan", str(recipe), *args], capture_output=True,
+                             text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(recipe.parents[2])})
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert run.returncode == 2 and len(errors) == 1 and "gpus" in errors[0], (args, run.stderr)
+        assert "loaded: []" in run.stderr, (args, run.stderr[-2000:])
+    from typer.testing import CliRunner
+
+    missing = CliRunner().invoke(app, ["train", str(tmp_path / "nowhere.yaml")])
+    assert missing.exit_code == 2 and "not found" in missing.output
+
+
+def test_dataset_and_model_typos_get_did_you_mean_without_hf_hub_offline(monkeypatch):
+    from huggingface_hub import constants
+
+    from poise_trl.run import build
+    from poise_trl.tasks import TaskError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    from poise_trl.core import loading
+
+    monkeypatch.setattr(loading, "hub_unreachable", lambda: pytest.fail("the hub was asked about a local typo"))
+    with pytest.raises(TaskError, match="did you mean 'toy-arith'"):
+        build.hub_or_offline("toy-arithh", None)
+    with pytest.raises(loading.RecipeError, match="did you mean the bundled 'data/tiny-qwen3'"):
+        loading.load_tokenizer("data/tiny-qwen")
+
+
+@pytest.mark.slow
+def test_a_run_whose_probe_never_fitted_and_whose_reward_stayed_0_says_so(tmp_path, tiny_random_model_dir):
+    from poise_trl.run.train import train_from_recipe
+
+    recipe = {"algo": "poise", "model": str(tiny_random_model_dir), "dataset": "toy-arith", "dataset_size": 16,
+              "eval_limit": 4, "eval_every": 0, "eval_num_samples": 1, "eval_max_new_tokens": 8,
+              "per_device_train_batch_size": 4, "max_completion_length": 8, "max_steps": 2, "logging_steps": 1,
+              "save_steps": 2, "seed": 0, "probe_bootstrap_steps": 4, "rewards": ["math_accuracy"]}
+    lines = []
+    train_from_recipe(recipe, str(tmp_path / "run"), show_progress=False, log=lines.append)
+    assert [line for line in lines if line.startswith("note: POISE's probe gave no baseline")], lines
+    assert [line for line in lines if line.startswith("note: the training reward was 0 at every logged step (2)")]
+
+
+def test_probe_eval_tables_fit_80_columns_and_say_what_n_a_means(monkeypatch):
+    """The committed toy report, as `poise probe-eval` prints it on an 80-column terminal: no cell cut or wrapped,
+    an all-n/a column left out with its reason, and what n/a means."""
+    from rich.console import Console
+
+    from poise_trl.cli import probe_eval
+
+    report = json.loads((GETTING_STARTED.parents[1] / "benchmarks" / "results" / "probe_eval_toy" /
+                         "report.json").read_text())
+    console = Console(width=80, record=True, force_terminal=False)
+    monkeypatch.setattr(probe_eval, "console", console)
+    probe_eval._print_report(report, Path("out"))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80 and "…" not in text
+    rows = {line.split("  ")[0]: line for line in text.splitlines() if line.startswith(("POISE probe", "train mean"))}
+    assert rows["train mean"].split() == ["train", "mean", "0.204", "n/a", "n/a-n/a", "n/a", "0.500", "0.242", "0.029"]
+    assert "n/a: the metric is undefined there" in text and "AUROC solved (prompts solved at least once" in text
+
+
+def test_shipped_recipes_load_by_name_or_repository_path_from_any_folder(tmp_path, monkeypatch):
+    from poise_trl.run.recipe import RecipeError, bundled_recipes, load_recipe, read_yaml
+
+    shipped = (GETTING_STARTED.parents[1] / "recipes" / "toy" / "poise.yaml").read_text()
+    monkeypatch.chdir(tmp_path)  # no recipes/ here: the package's own copies are found
+    assert load_recipe("poise") == load_recipe("toy/poise") == load_recipe("recipes/toy/poise.yaml") == \
+        read_yaml(shipped)
+    assert {"toy/poise", "gpu/poise_qwen3-4b", "accelerate/zero3"} <= set(bundled_recipes())
+    with pytest.raises(RecipeError, match="did you mean 'poise'"):
+        load_recipe("poisee")
+
+
+@pytest.mark.parametrize("line", ["num_processes: 0", "num_processes: -1", "num_machines: 0", "num_processes: two"])
+def test_a_bad_process_or_machine_count_in_an_accelerate_config_is_refused(tmp_path, line):
+    from typer.testing import CliRunner
+
+    from poise_trl.cli.main import app
+
+    config = tmp_path / "launch.yaml"
+    config.write_text(f"distributed_type: MULTI_GPU\n{line}\n")
+    recipe = GETTING_STARTED.parents[1] / "recipes" / "gpu" / "poise_qwen3-4b.yaml"
+    result = CliRunner().invoke(app, ["plan", str(recipe), "--accelerate-config", str(config)])
+    errors = [text for text in result.output.splitlines() if text.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and f"{line.split(':')[0]}: " in errors[0], result.output

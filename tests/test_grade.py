@@ -163,8 +163,14 @@ def test_ids_of_no_row_or_of_another_dataset_give_one_error_line(tmp_path):
                           "id 'simple_python_0' is no row of bfcl:parallel")
     one_wrong = write_jsonl(tmp_path / "one.jsonl", [{"task_id": problems[0], "completion": "pass"},
                                                       {"task_id": "HumanEval/999", "completion": "pass"}])
-    assert_one_line_error(*cli("humaneval", "-c", one_wrong), "line 2: task_id 'HumanEval/999' is no row of "
-                          "humaneval (1 of its 2 ids are not a row there")
+    result, output = cli("humaneval", "-c", one_wrong)
+    assert_one_line_error(result, output, "line 2: task_id 'HumanEval/999' is no row of humaneval (1 of its 2 ids "
+                          "are not a row there")
+    # a fixed problem set: no option changes its rows, so the fix names none (not --seed, not --task-config)
+    assert "the rows of humaneval are fixed" in output and "--seed" not in output and "--task-config" not in output
+    generated = write_jsonl(tmp_path / "rg.jsonl", [{"id": "leg_counting/9/9", "completion": "<answer>1</answer>"}])
+    assert_one_line_error(*cli("reasoning-gym:leg_counting", "--seed", 3, "-c", generated),
+                          "with the --seed and --task-config that made its rows")
     data = write_jsonl(tmp_path / "math.jsonl", [{"question": "1+1?", "answer": "2"}])
     named = write_jsonl(tmp_path / "named.jsonl", [{"id": "q1", "completion": "\\boxed{2}"}])
     assert_one_line_error(*cli("mine", "--data-file", data, "-c", named),

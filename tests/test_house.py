@@ -33,7 +33,7 @@ LEVELS: list[dict[str, tuple[str, ...]]] = [
     {"tasks": ("poise_trl.tasks",)},
     {"core": ("poise_trl.core",)},
 ]
-BOTTOM = "poise_trl"  # the package's own __init__, which holds only the version: below every part
+API = "poise_trl"  # the package's own __init__, the library's API (trainers, configs): above every part
 
 
 def module_name(path: Path, package: Path) -> str:
@@ -118,8 +118,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def part_of(module: str) -> tuple[int, str]:
     """(level, part) of a module: the part whose prefix is the longest that its name starts with."""
-    if module == BOTTOM:
-        return len(LEVELS), BOTTOM
+    if module == API:
+        return -1, API
     matches = [(len(prefix), level, part) for level, parts in enumerate(LEVELS)
                for part, prefixes in parts.items() for prefix in prefixes
                if module == prefix or module.startswith(prefix + ".")

@@ -1,5 +1,5 @@
-"""A user's install: `pip install .` (not editable) into a fresh environment, then `poise train` of a toy
-recipe copied to another directory, with no source tree on the path."""
+"""A user's install: `pip install .` (not editable) into a fresh environment, then `poise recipes cp` of a toy
+recipe into an empty directory and `poise train` of it there, with no source tree on the path."""
 
 from __future__ import annotations
 
@@ -37,13 +37,24 @@ def test_a_non_editable_install_trains_a_copied_toy_recipe_from_another_director
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    shutil.copy(REPO / "recipes" / "toy" / "poise.yaml", elsewhere / "poise.yaml")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
+    poise = str(venv / "bin" / "poise")
+    # The recipes are package data: listed and copied from the install into the empty folder, never over a file.
+    listed = subprocess.run([poise, "recipes", "ls"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert listed.returncode == 0 and "toy/poise" in listed.stdout and "gpu/poise_qwen3-4b" in listed.stdout
+    copied = subprocess.run([poise, "recipes", "cp", "poise"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert copied.returncode == 0, copied.stderr
+    assert (elsewhere / "poise.yaml").read_text() == (REPO / "recipes" / "toy" / "poise.yaml").read_text()
+    (elsewhere / "poise.yaml").write_text((elsewhere / "poise.yaml").read_text() + "# mine\n")
+    again = subprocess.run([poise, "recipes", "cp", "toy/poise", "poise.yaml"], cwd=elsewhere, env=env,
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "already exists" in again.stderr
+    assert (elsewhere / "poise.yaml").read_text().endswith("# mine\n")
     located = subprocess.run([str(python), "-c", "import poise_trl; print(poise_trl.__file__)"], cwd=elsewhere,
                              env=env, capture_output=True, text=True, check=True)
     assert str(venv) in located.stdout, located.stdout
     run = subprocess.run(
-        [str(venv / "bin" / "poise"), "train", "poise.yaml", "max_steps=1", "eval_every=0", "eval_num_samples=1",
+        [poise, "train", "poise.yaml", "max_steps=1", "eval_every=0", "eval_num_samples=1",
          "-o", "runs/poise"],
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=900,
     )

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -267,3 +268,25 @@ def test_bench_and_probe_eval_run_on_the_real_shape(world, tmp_path, monkeypatch
                  "--value-epochs", 1, "--layers", "0,1", "-o", tmp_path / "probe")
     assert [row["block"] for row in report["layer_sweep"]] == [0, 1]
     assert all(isinstance(row["metrics"]["pearson"], float) for row in report["layer_sweep"])
+
+
+def test_the_documented_real_shape_training_command_moves_every_weight_and_fits_the_probe(world, tmp_path):
+    """docs/real-shapes.md's block as written (its `poise toy build` line left out: the session's world is linked
+    in its place), run by bash with `poise` this interpreter's CLI."""
+    repo = Path(__file__).resolve().parents[1]
+    page = (repo / "docs" / "real-shapes.md").read_text().split("<!--real-shape-train-->", 1)[1]
+    block = page.split("```bash\n", 1)[1].split("```", 1)[0]
+    block = "\n".join(line for line in block.splitlines() if not line.startswith("poise toy build"))
+    (tmp_path / "qwen3-shape-0.6b-2-layers").symlink_to(world)
+    (tmp_path / "recipes").symlink_to(repo / "recipes")
+    script = f'poise() {{ "{sys.executable}" -m poise_trl.cli.main "$@"; }}\nset -e\n{block}'
+    run = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp_path / "runs" / "real_shape_poise"
+    report = json.loads((out / "probe_report.json").read_text())
+    assert report["rounds"] == 2 and report["probe_active_rounds"] == 1 and report["refit_count"] >= 1
+    assert "note:" not in run.stdout  # neither the no-probe-baseline note nor the reward-0 one
+    before, after = load_file(world / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert not [name for name in before if torch.equal(before[name], after[name])]

@@ -2,6 +2,7 @@
 folder is refused, an interrupted one resumes from its newest complete checkpoint."""
 
 import json
+import logging
 import os
 import shutil
 
@@ -200,10 +201,15 @@ def test_killed_after_the_budget_checkpoint_finishes_without_training(tmp_path, 
     assert json.loads((run / "probe_report.json").read_text())["rounds"] == 2
 
 
-def test_a_hub_dataset_without_network_fails_at_once(monkeypatch):
+def test_without_network_hub_names_go_on_offline_and_an_uncached_dataset_fails_at_once(monkeypatch, caplog):
+    """No network and no HF_HUB_OFFLINE: one note, then the local cache, as HF_HUB_OFFLINE=1 would; a hub dataset
+    that is not in the cache fails at once, naming the fix."""
     import socket
 
-    from poise_trl.run.build import require_hub_if_needed
+    import datasets
+
+    from poise_trl.run.build import hub_or_offline
+    from poise_trl.tasks import load_prompt_dataset
     from poise_trl.tasks.prompts import DatasetUnavailableError
 
     def no_network(*args, **kwargs):
@@ -212,7 +218,13 @@ def test_a_hub_dataset_without_network_fails_at_once(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", no_network)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
-    for source in ("math-500", "someone/some-data"):
-        with pytest.raises(DatasetUnavailableError, match="unreachable here .*Name or service not known"):
-            require_hub_if_needed(source, None)
-    require_hub_if_needed("toy-arith", "test")  # shipped with the repo: no hub needed
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    hub_or_offline("toy-arith", "test")  # shipped with the package: no hub needed, nothing changes
+    assert not datasets.config.HF_HUB_OFFLINE and not caplog.records
+    with caplog.at_level(logging.WARNING, logger="poise_trl.core.loading"):
+        hub_or_offline("someone/some-data", None)
+    [note] = [record.getMessage() for record in caplog.records]
+    assert note.startswith("note: huggingface.co is unreachable: Name or service not known: going on offline")
+    assert datasets.config.HF_HUB_OFFLINE and os.environ["HF_HUB_OFFLINE"] == "1"
+    with pytest.raises(DatasetUnavailableError, match="fetch the data where it is reachable"):
+        load_prompt_dataset("someone/some-data")

@@ -38,6 +38,10 @@ class RunCallback(TrainerCallback):
     def summary(self) -> dict:
         return {}
 
+    def closing_note(self) -> str | None:
+        """One line `poise train` prints at the end when the run did not do what the algorithm is for."""
+        return None
+
 
 @dataclass(frozen=True)
 class Signal:
@@ -105,11 +109,19 @@ ALGORITHMS: dict[str, Algorithm] = {}
 
 
 def register_algorithm(name: str, config_class: type, trainer_class: type, display_name: str, description: str,
-                       **declared) -> None:
-    """Register algorithm `name`; `declared` sets the other fields of `Algorithm` (callbacks, files, ...)."""
+                       **declared) -> Algorithm:
+    """Register algorithm `name`; `declared` sets the other fields of `Algorithm` (callbacks, files, ...). A
+    recipe names it `algo: name`, or from outside the package by where the returned value lives,
+    `algo: module:attribute` (`algorithms.get_algorithm`)."""
     if name in ALGORITHMS:
         raise ValueError(f"algo {name!r} is registered twice")
-    ALGORITHMS[name] = Algorithm(name, config_class, trainer_class, display_name, description, **declared)
+    algorithm = ALGORITHMS[name] = Algorithm(name, config_class, trainer_class, display_name, description, **declared)
+    # The trainer attaches these itself (`TrainerSeam.run_callback_classes`), so a trainer built in a user's
+    # script writes the reports `poise train` writes; algorithms that share a trainer share its callbacks.
+    if vars(trainer_class).get("run_callback_classes", algorithm.callbacks) != algorithm.callbacks:
+        raise ValueError(f"algo {name!r} declares other callbacks than another algorithm of {trainer_class.__name__}")
+    trainer_class.run_callback_classes = algorithm.callbacks
+    return algorithm
 
 
 class PromptStream:

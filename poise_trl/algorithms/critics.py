@@ -27,6 +27,14 @@ def _is_value_model(config) -> bool:
     return any(name.endswith("ForTokenClassification") for name in (config.architectures or []))
 
 
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """transformers 5.24 renamed gradient checkpointing to activation checkpointing and warns on the old name."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def load_critic(path: str, seed: int, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """A value model from a causal LM or a saved critic; a fresh head is drawn from `seed`."""
     config = AutoConfig.from_pretrained(path, num_labels=1)
@@ -82,7 +90,7 @@ class CriticEnsemble:
             # uninitialised, relying on FSDP's broadcast, which the critics never get: they get this one.
             broadcast_from_main(critic)
             if gradient_checkpointing:
-                critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                enable_activation_checkpointing(critic)
             critic.config.use_cache = False
         self.optimizers = [
             torch.optim.AdamW(critic.parameters(), lr=learning_rate, weight_decay=weight_decay)

@@ -386,6 +386,13 @@ class ProbeReport(RunCallback):
         if active:
             plot_predicted_vs_realized(self.report["calibration"], active, out / "probe_values.png")
 
+    def closing_note(self) -> str | None:
+        if self.report is None or self.report["probe_active_rounds"]:
+            return None
+        return (f"note: POISE's probe gave no baseline in this run's {self.report['rounds']} rounds (it was fitted "
+                f"{self.report['refit_count']} times): every advantage came from the RLOO bootstrap. Train more "
+                f"than probe_bootstrap_steps={self.trainer.args.probe_bootstrap_steps} steps, or lower it")
+
     def summary(self) -> dict:
         if self.report is None:
             return {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import typer
 from rich.console import Console
@@ -21,9 +22,11 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    from poise_trl.run.hub import HubPushError
-    from poise_trl.run.recipe import RecipeError
-    from poise_trl.tasks.prompts import DatasetFormatError, DatasetUnavailableError
+# The errors a user fixes (beyond ValueError, which RecipeError and DatasetFormatError are), by module: an error
+# class of a module not imported yet cannot have been raised, so a refusal before the libraries load stays fast.
+USER_ERRORS = {"poise_trl.run.hub": "HubPushError", "poise_trl.tasks.prompts": "DatasetUnavailableError"}
 
-    return (RecipeError, DatasetFormatError, DatasetUnavailableError, HubPushError, FileNotFoundError, ValueError)
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    loaded = [getattr(sys.modules[module], name) for module, name in USER_ERRORS.items() if module in sys.modules]
+    return (FileNotFoundError, ValueError, *loaded)

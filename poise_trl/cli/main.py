@@ -82,6 +82,9 @@ app = typer.Typer(
 toy_app = typer.Typer(cls=OneLineErrors, no_args_is_help=True,
                       help="The tiny-model world: build the bundled actor and critic.")
 app.add_typer(toy_app, name="toy")
+recipes_app = typer.Typer(cls=OneLineErrors, no_args_is_help=True,
+                          help="The recipes shipped with poise-trl: list them, copy one to edit.")
+app.add_typer(recipes_app, name="recipes")
 
 
 @app.command(context_settings={"allow_extra_args": False})
@@ -104,16 +107,17 @@ def train(
     (every `save_steps` steps), also after kill -9; a finished run is reported and left
     untouched; a folder holding a run with other settings is refused unless --overwrite.
     """
-    from transformers.utils import logging as hf_logging
-
     from poise_trl.run.recipe import load_recipe
 
-    hf_logging.disable_progress_bar()  # the run shows its own progress; transformers' bars are noise
     try:
-        spec = load_recipe(recipe, overrides)
+        spec = load_recipe(recipe, overrides)  # before the libraries load: a bad recipe is refused at once
         if push_to_hub:
             spec["push_to_hub"] = True
+        from transformers.utils import logging as hf_logging
+
         from poise_trl.run.train import train_from_recipe
+
+        hf_logging.disable_progress_bar()  # the run shows its own progress; transformers' bars are noise
 
         summary = train_from_recipe(spec, output_dir=output_dir, show_progress=not no_progress, overwrite=overwrite,
                                     log=lambda line: console.print(line, highlight=False, soft_wrap=True))
@@ -220,6 +224,46 @@ def toy_build_critic(
         fail(str(exc))
         return
     console.print(f"saved {output_dir}: {card.get('parameters', '?')} parameters")
+
+
+@recipes_app.command("ls")
+def recipes_ls():
+    """List the shipped recipes: the NAME `poise recipes cp` and `poise train` take, the algorithm, the model."""
+    from poise_trl.run.recipe import bundled_recipes, read_yaml
+
+    table = Table(title="shipped recipes (poise recipes cp NAME [DEST])")
+    for column in ("name", "algo", "model"):
+        table.add_column(column)
+    for name, path in bundled_recipes().items():
+        recipe = read_yaml(path.read_text()) or {}
+        if "distributed_type" in recipe:
+            table.add_row(name, "accelerate config", "")
+        else:
+            table.add_row(name, recipe.get("algo", "grpo"), str(recipe.get("model", "data/tiny-qwen3")))
+    console.print(table)
+
+
+@recipes_app.command("cp")
+def recipes_cp(
+    name: str = typer.Argument(..., help="A shipped recipe: toy/poise, or poise where the name is unique."),
+    dest: Path = typer.Argument(None, help="File or existing folder to copy to (default: ./NAME.yaml)."),
+):
+    """Copy a shipped recipe to edit; an existing file is never overwritten."""
+    from poise_trl.run.recipe import find_bundled_recipe
+
+    try:
+        source = find_bundled_recipe(name)
+        dest = dest or Path(source.name)
+        dest = dest / source.name if dest.is_dir() else dest
+        with open(dest, "x") as out:  # "x": refuses an existing file, even one made since the check
+            out.write(source.read_text())
+    except FileExistsError:
+        fail(f"{dest} already exists: give another DEST, or move that file away first")
+        return
+    except user_errors() as exc:
+        fail(str(exc))
+        return
+    console.print(f"copied {source.relative_to(source.parents[1])} to {dest}", highlight=False)
 
 
 def _register_commands() -> None:

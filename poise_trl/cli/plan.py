@@ -16,7 +16,8 @@ console = Console()
 def plan(
     recipe: Path = typer.Argument(..., help="Recipe YAML, e.g. recipes/gpu/poise_qwen3-4b.yaml"),
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. per_device_train_batch_size=8"),
-    gpus: int = typer.Option(None, "--gpus", help="GPUs (default: the recipe's gpus, else the accelerate config's)."),
+    gpus: int = typer.Option(None, "--gpus", min=1, help="GPUs, 1 or more (default: the recipe's gpus, else the "
+                             "accelerate config's)."),
     gpu_memory: str = typer.Option("80GB", "--gpu-memory", help="Memory of one GPU, e.g. 80GB or 141GB."),
     accelerate_config: Path = typer.Option(
         None, "--accelerate-config", help="accelerate config to launch with (default: the recipe's accelerate_config)."
@@ -25,14 +26,16 @@ def plan(
 ):
     """Per-GPU memory of a recipe from the model's config alone (weights are never downloaded):
     weights, gradients, AdamW state, activations, LM head, vLLM, critics; fits or which change makes it fit."""
-    from poise_trl.run.plan import GIB, Sharding, parse_memory, plan_recipe, sharding_from_accelerate_config
     from poise_trl.run.recipe import load_recipe, parse_recipe
 
     try:
-        spec = load_recipe(recipe, overrides)
+        spec = load_recipe(recipe, overrides)  # before torch and TRL load (run.plan imports them)
+        from poise_trl.run.plan import GIB, Sharding, parse_memory, plan_recipe, sharding_from_accelerate_config
+
+        gpu_bytes = parse_memory(gpu_memory)
         config_path = accelerate_config or spec.get("accelerate_config")
         sharding = sharding_from_accelerate_config(config_path) if config_path else Sharding()
-        result = plan_recipe(parse_recipe(spec), gpus=gpus or spec.get("gpus"), gpu_bytes=parse_memory(gpu_memory),
+        result = plan_recipe(parse_recipe(spec), gpus=gpus or spec.get("gpus"), gpu_bytes=gpu_bytes,
                              sharding=sharding, prompt_length=prompt_length)
     except user_errors() as exc:
         fail(str(exc))

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -14,12 +15,12 @@ from poise_trl.cli.errors import fail, user_errors
 from poise_trl.core.loading import check_model_files
 
 console = Console()
-_ROWS = {
+_ROWS = {  # estimator -> its row's label, short so that the table fits 80 columns (the legend says what they are)
     "probe": "POISE probe",
-    "probe_no_entropy": "probe, no entropy",
-    "probe_prompt_only": "probe, prompt only",
+    "probe_no_entropy": "no entropy",
+    "probe_prompt_only": "prompt only",
     "value_model": "value model",
-    "constant": "constant (train mean)",
+    "constant": "train mean",
 }
 
 
@@ -120,19 +121,28 @@ def _print_report(report: dict, output_dir: Path) -> None:
     n, data = report["data"]["rollouts_per_prompt"], report["data"]
     title = (f"poise probe-eval: {data['heldout_prompts']} held-out prompts, predictions vs empirical Avg@{n} "
              f"(mean {data['heldout_mean_avg_at_n']:.3f})")
-    table = Table(title=title)
-    for column in ("estimator", "MAE", escape("Pearson [95% CI]"), "Spearman", "AUROC solved",
-                   "rollout AUROC", "Brier", "ECE"):
-        table.add_column(column, justify="left" if column == "estimator" else "right")
+    solved = any(report["estimators"][name]["prompt_level"]["auroc_solved"] is not None for name in _ROWS)
+    # 80 columns: no vertical rules, two-line headers, every cell on one line
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0, 0, 1), pad_edge=False)
+    for column in ("estimator", "MAE", "Pearson", "95% CI", "Spearman", *(["AUROC\nsolved"] * solved),
+                   "rollout\nAUROC", "Brier", "ECE"):
+        table.add_column(column, justify="left" if column == "estimator" else "right", no_wrap=True)
     for name, label in _ROWS.items():
         m, right = report["estimators"][name]["prompt_level"], report["estimators"][name]["correctness"]
-        ci = m["pearson_ci95"]
-        table.add_row(label, _fmt(m["mae"]), escape(f"{_fmt(m['pearson'])} [{_fmt(ci[0])}, {_fmt(ci[1])}]"),
-                      _fmt(m["spearman"]), _fmt(m["auroc_solved"]),
-                      *(_fmt(right[k]) for k in ("auroc", "brier", "ece")))
+        low, high = (f"{x:.2f}" if x is not None else "n/a" for x in m["pearson_ci95"])
+        table.add_row(label, _fmt(m["mae"]), _fmt(m["pearson"]), f"{low}-{high}", _fmt(m["spearman"]),
+                      *([_fmt(m["auroc_solved"])] * solved), *(_fmt(right[k]) for k in ("auroc", "brier", "ece")))
     console.print(table)
-    console.print("rollout AUROC, Brier, ECE: each held-out rollout's prediction read as the probability "
-                  "that it is right (reward above 1/2)", markup=False, highlight=False)
+    notes = ["no entropy / prompt only: the probe without its entropy features / on the prompt's features alone; "
+             "train mean: every prompt predicted at the training prompts' mean.",
+             "rollout AUROC, Brier, ECE: each held-out rollout's prediction read as the probability that it is right "
+             "(reward above 1/2).",
+             "n/a: the metric is undefined there (a constant prediction has no Pearson or Spearman)."]
+    if not solved:
+        notes.append("AUROC solved (prompts solved at least once vs never) is left out: every held-out prompt is "
+                     "of one kind.")
+    for note in notes:
+        console.print(note, markup=False, highlight=False)
 
     sweep = Table(title=f"layer sweep: POISE probe per decoder block (of {report['model']['num_layers']})")
     for column in ("block", "depth", "Pearson", "MAE", "Spearman"):

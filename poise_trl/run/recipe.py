@@ -13,14 +13,14 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
 
-from poise_trl.algorithms import Algorithm, get_algorithm
-from poise_trl.core.loading import RecipeError
-from poise_trl.tasks import is_task
+from poise_trl.core.loading import PACKAGE_ROOT, RecipeError
+
+if TYPE_CHECKING:
+    from poise_trl.algorithms.base import Algorithm
 
 
 class _RecipeLoader(yaml.SafeLoader):
@@ -116,11 +116,36 @@ def apply_override(recipe: dict, key: str, value: Any) -> None:
     node[leaf] = value
 
 
+# The shipped recipes: package data (a source checkout links them as recipes/).
+BUNDLED_RECIPES = PACKAGE_ROOT / "recipes"
+
+
+def bundled_recipes() -> dict[str, Path]:
+    """Every shipped recipe by name: its path under recipes/ without `.yaml` (`toy/poise`)."""
+    return {path.relative_to(BUNDLED_RECIPES).with_suffix("").as_posix(): path
+            for path in sorted(BUNDLED_RECIPES.rglob("*.yaml"))}
+
+
+def find_bundled_recipe(name: str) -> Path:
+    """A shipped recipe by name (`toy/poise`), by a name unique among the files (`poise`), or by its path in
+    the repository (`recipes/toy/poise.yaml`, so the docs' commands run from any folder of an install)."""
+    shipped = bundled_recipes()
+    key = name.removeprefix("recipes/").removesuffix(".yaml")
+    by_file = {}
+    for full in shipped:
+        by_file.setdefault(full.rpartition("/")[2], []).append(full)
+    if key in shipped or len(by_file.get(key, [])) == 1:
+        return shipped[key if key in shipped else by_file[key][0]]
+    close = difflib.get_close_matches(key, list(shipped) + list(by_file), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise RecipeError(f"recipe {name!r} not found: it is neither a file nor a shipped recipe; {hint}`poise recipes "
+                      "ls` lists the shipped ones")
+
+
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise RecipeError(f"recipe file {str(path)!r} not found (recipes live in recipes/, e.g. "
-                          "recipes/toy/grpo.yaml)")
+        path = find_bundled_recipe(str(path))
     try:
         recipe = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -129,6 +154,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
         raise RecipeError(f"recipe {path} must be a mapping of keys to values, got {type(recipe).__name__}")
     for text in overrides or []:
         apply_override(recipe, *parse_override(text))
+    # what needs no algorithm, checked before torch and TRL load (`parse_recipe` checks the rest)
+    check_types({key: value for key, value in recipe.items() if key in RUN_KEYS}, RunSettings)
+    check_ranges(recipe)
     return recipe
 
 
@@ -228,7 +256,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
                      "logging_steps", "save_steps", "save_total_limit", "eval_num_samples", "eval_max_new_tokens",
                      "eval_batch_size", "dataset_size", "eval_limit", "budget_tokens", "budget_rollouts",
                      "budget_eval_points", "num_generations", "probe_buffer_rows", "probe_prompt_components",
-                     "probe_response_components", "num_train_epochs"), (0, math.inf, True)),
+                     "probe_response_components", "num_train_epochs", "gpus"), (0, math.inf, True)),
     **dict.fromkeys(("learning_rate", "temperature", "repetition_penalty"), (0, math.inf, True)),
     **dict.fromkeys(("eval_every", "warmup_steps", "beta", "epsilon", "epsilon_high", "weight_decay", "max_grad_norm",
                      "probe_bootstrap_steps", "probe_ridge_alpha", "eval_temperature", "seed", "data_seed"),
@@ -251,9 +279,9 @@ def _range_error(key: str, value: Any, low: float, high: float, open_low: bool) 
     return None
 
 
-def check_ranges(recipe: dict, algorithm) -> None:
-    """Ranges and the rules that depend on the algorithm, e.g. `max_steps=0` (TRL trains one
-    step) or `max_steps=-5` (TRL trains 3 epochs), POISE with one rollout per prompt."""
+def check_ranges(recipe: dict, algorithm=None) -> None:
+    """Ranges, e.g. `max_steps=0` (TRL trains one step) or `max_steps=-5` (TRL trains 3 epochs), and with an
+    `algorithm` the rules that depend on it (POISE with one rollout per prompt)."""
     flat = dict(recipe)
     flat.update({f"peft.{k}": v for k, v in (recipe.get("peft") or {}).items()} if isinstance(recipe.get("peft"), dict)
                 else {})
@@ -266,7 +294,7 @@ def check_ranges(recipe: dict, algorithm) -> None:
         raise RecipeError(f"max_steps: {max_steps} is not a number of steps: give max_steps >= 1 (or max_steps: -1 "
                           "with num_train_epochs: N to train by epochs)")
     generations = recipe.get("num_generations")
-    if isinstance(generations, int) and generations < algorithm.min_generations:
+    if algorithm and isinstance(generations, int) and generations < algorithm.min_generations:
         raise RecipeError(f"num_generations: {generations}: {algorithm.display_name} needs at least "
                           f"{algorithm.min_generations} rollouts per prompt "
                           f"({algorithm.min_generations_reason}); set num_generations >= "
@@ -305,10 +333,11 @@ def requested_value(algorithm: Algorithm, config_kwargs: dict, key: str):
 
 
 def parse_recipe(recipe: dict, output_dir: str | None = None) -> RunPlan:
-    try:
-        algorithm = get_algorithm(recipe.get("algo", "grpo"))
-    except ValueError as exc:
-        raise RecipeError(str(exc)) from None
+    # torch, TRL and datasets load here, after `load_recipe` and the commands have checked what they can
+    from poise_trl.algorithms import get_algorithm  # noqa: PLC0415 (see above)
+    from poise_trl.tasks import is_task  # noqa: PLC0415 (see above)
+
+    algorithm = get_algorithm(recipe.get("algo", "grpo"))
     settings, config_kwargs = split_recipe(recipe, algorithm)
     if settings.rewards is None:
         settings.rewards = ["task"] if is_task(settings.dataset) else ["math_accuracy"]
@@ -329,6 +358,8 @@ def build_config(algorithm: Algorithm, config_kwargs: dict, output_dir: str | No
     kwargs["disable_tqdm"] = True  # the rich display replaces tqdm
     if kwargs.get("log_completions") and "num_completions_to_print" in algorithm.config_class.__dataclass_fields__:
         kwargs.setdefault("num_completions_to_print", 4)  # TRL prints every row of the table at each log
+    import torch  # noqa: PLC0415 (see parse_recipe)
+
     if not torch.cuda.is_available():
         kwargs.update(use_cpu=True, bf16=False)
         kwargs.setdefault("gradient_checkpointing", False)

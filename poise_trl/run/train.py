@@ -114,6 +114,13 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     }
     for callback in run.algorithm_callbacks:
         summary.update(callback.summary())
+    rewards = [entry["reward"] for entry in trainer.state.log_history if entry.get("reward") is not None]
+    notes = [callback.closing_note() for callback in run.algorithm_callbacks]
+    if rewards and not any(rewards):
+        notes.append(f"note: the training reward was 0 at every logged step ({len(rewards)}): the policy got no "
+                     "signal; check the reward functions on a few completions, or give an easier dataset")
+    for note in filter(None, notes):
+        log(note)
     if trainer.accelerator.is_main_process:
         write_text(out / "final" / "README.md", build_model_card(recipe, summary, plan.algorithm.card))
         write_json(out / "summary.json", summary)  # last: its presence marks the run finished

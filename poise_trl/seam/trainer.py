@@ -28,12 +28,20 @@ class TrainerSeam:
     """What `poise train`, the callbacks and `poise compare` rely on in every trainer (first in the bases):
 
     - counters (`init_counters`): `generated_tokens`, `generated_rollouts` (the budget units),
-      `policy_forward_passes` and `pending_logs` (values for the step's log entry), and the completion table;
+      `policy_forward_passes` and `pending_logs` (values for the step's log entry), the completion table and the
+      algorithm's callbacks (`run_callbacks`);
     - `save_side_state(checkpoint)` / `load_side_state(checkpoint)`, called by the Trainer's save and load;
     - no TRL model card: `poise train` writes its own into final/.
     """
 
+    run_callback_classes: tuple = ()  # the algorithm's callbacks (set by `register_algorithm`)
+
     def init_counters(self) -> None:
+        """Counters, the completion table and the algorithm's callbacks (made with the trainer and its output
+        folder; `poise train` tells them the checkpoint it resumes from)."""
+        self.run_callbacks = [make(self, self.args.output_dir) for make in self.run_callback_classes]
+        for callback in self.run_callbacks:
+            self.add_callback(callback)
         self.generated_tokens = 0
         self.generated_rollouts = 0
         self.policy_forward_passes = 0

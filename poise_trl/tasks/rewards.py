@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from torch import nn
 from transformers import TrainerState
 
-from poise_trl.core.loading import import_object
+from poise_trl.core.loading import import_callable
 from poise_trl.tasks import completion_text, task_reward
 from poise_trl.tasks.math_grader import extract_final_answer, grade_batch
 
@@ -49,7 +49,7 @@ def get_reward_functions(names: list[str]) -> list[Callable[..., list[float]]]:
         problem = f"unknown reward function(s): {', '.join(unknown)}" if unknown else "no reward functions given"
         raise ValueError(f"{problem}; known reward functions: {', '.join(REWARD_FUNCTIONS)}, or an import path "
                          "package.module:function")
-    return [REWARD_FUNCTIONS[name] if name in REWARD_FUNCTIONS else import_object(name, "reward function")
+    return [REWARD_FUNCTIONS[name] if name in REWARD_FUNCTIONS else import_callable(name, "reward function")
             for name in names]
 
 

@@ -22,8 +22,10 @@ def fail(message: str) -> None:
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
+    from poise_trl.core.distributed import LostRankError
     from poise_trl.run.hub import HubPushError
     from poise_trl.run.recipe import RecipeError
     from poise_trl.tasks.prompts import DatasetFormatError, DatasetUnavailableError
 
-    return (RecipeError, DatasetFormatError, DatasetUnavailableError, HubPushError, FileNotFoundError, ValueError)
+    return (LostRankError, RecipeError, DatasetFormatError, DatasetUnavailableError, HubPushError, FileNotFoundError,
+            ValueError)

@@ -17,6 +17,9 @@ def plan(
     recipe: Path = typer.Argument(..., help="Recipe YAML, e.g. recipes/gpu/poise_qwen3-4b.yaml"),
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. per_device_train_batch_size=8"),
     gpus: int = typer.Option(None, "--gpus", help="GPUs (default: the recipe's gpus, else the accelerate config's)."),
+    machines: int = typer.Option(None, "--machines", help="Machines of a multi-node launch (with --gpus-per-machine: "
+                                 "their product replaces --gpus)."),
+    gpus_per_machine: int = typer.Option(None, "--gpus-per-machine", help="GPUs on each machine (default 1)."),
     gpu_memory: str = typer.Option("80GB", "--gpu-memory", help="Memory of one GPU, e.g. 80GB or 141GB."),
     accelerate_config: Path = typer.Option(
         None, "--accelerate-config", help="accelerate config to launch with (default: the recipe's accelerate_config)."
@@ -28,6 +31,15 @@ def plan(
     from poise_trl.run.plan import GIB, Sharding, parse_memory, plan_recipe, sharding_from_accelerate_config
     from poise_trl.run.recipe import load_recipe, parse_recipe
 
+    if machines is not None or gpus_per_machine is not None:
+        for flag, value in (("--machines", machines), ("--gpus-per-machine", gpus_per_machine)):
+            if value is not None and value < 1:
+                fail(f"{flag} {value}: give {flag} >= 1")
+                return
+        if gpus is not None:
+            fail("--gpus with --machines/--gpus-per-machine: give either the total (--gpus) or the layout")
+            return
+        gpus = (machines or 1) * (gpus_per_machine or 1)
     try:
         spec = load_recipe(recipe, overrides)
         config_path = accelerate_config or spec.get("accelerate_config")

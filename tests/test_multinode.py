@@ -7,8 +7,11 @@ torchrun agent in its own session with its own environment.
 - A machine killed after the step-2 checkpoint ends the other one with one `error:` line naming its
   rank; rerunning the same launch resumes from checkpoint-2 and ends identical to the uninterrupted run.
 - A rank stopped with SIGSTOP (a hang, not a death) ends the other machine within the recipe's
-  collective timeout (`ddp_timeout`), again naming the rank."""
+  collective timeout (`ddp_timeout`), again naming the rank.
+- recipes/slurm/train.sbatch under stand-ins for `srun` and `scontrol` (tests/fixtures/slurm) that start
+  one real process per machine with SLURM's variables: `poise doctor` on each, then the training."""
 
+import json
 import os
 import signal
 import subprocess
@@ -36,7 +39,8 @@ def recipe_file(folder: Path, **changes) -> Path:
     recipe.update(num_generations=2, per_device_train_batch_size=4, max_completion_length=16, dataset_size=32,
                   eval_limit=4, eval_every=2, eval_num_samples=1, eval_max_new_tokens=16, max_steps=4,
                   logging_steps=1, save_steps=2, probe_bootstrap_steps=1, probe_prompt_components=2,
-                  probe_response_components=2, rewards=["math_accuracy", "helpers:machine_failure"], **changes)
+                  probe_response_components=2, rewards=["math_accuracy", "helpers:machine_failure"])
+    recipe.update(changes)
     path = folder / "recipe.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(recipe))
@@ -159,3 +163,19 @@ def test_a_stopped_rank_ends_the_other_within_the_collective_timeout(tmp_path):
     assert code != 0 and "exitcode  : 2" in output, output[-4000:]
     assert "rank 1 (machine 1) of 2 stopped answering (no answer within the collective timeout" in line, line
     assert timeout <= waited < timeout * 3, waited  # the collective's timeout, then the check-in's (at most as long)
+
+
+def test_the_slurm_script_checks_every_machine_then_trains(tmp_path):
+    recipe = recipe_file(tmp_path, max_steps=2, save_steps=100, eval_every=0)
+    stand_ins = REPO / "tests" / "fixtures" / "slurm"
+    env = {**os.environ, "PATH": os.pathsep.join([str(stand_ins), os.environ["PATH"]]), "SLURM_NNODES": "2",
+           "SLURM_JOB_NODELIST": "node[0-1]", "SLURM_JOB_ID": "1", "MASTER_PORT": str(free_port()),
+           "PYTHON": sys.executable, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "true",
+           "ACCELERATE_TORCH_DEVICE": "cpu"}
+    env.pop("MASTER_ADDR", None)
+    result = subprocess.run(["bash", str(REPO / "recipes" / "slurm" / "train.sbatch"), str(recipe), "-o",
+                             str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("checked against the other 1 machine(s)") == 2, result.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2

@@ -12,6 +12,7 @@ of one GPU (`run.plan`). One line per problem, with its fix; `poise doctor` exit
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -172,4 +173,6 @@ def run_doctor(plan=None, machines: int = 1, node: int | None = None, output_dir
         problems += exchange(report, node, machines, rendezvous, wait_s, folder)
         notes.append(f"rendezvous {rendezvous}: checked against the other {machines - 1} machine(s)")
     token.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # the last machine out removes the folder: `poise train` wants none
+        token.parent.rmdir()
     return notes, problems

@@ -8,6 +8,8 @@ torchrun agent in its own session with its own environment.
   rank; rerunning the same launch resumes from checkpoint-2 and ends identical to the uninterrupted run.
 - A rank stopped with SIGSTOP (a hang, not a death) ends the other machine within the recipe's
   collective timeout (`ddp_timeout`), again naming the rank.
+- With the vLLM server (CPU build) as a third machine reached by URL (`vllm_mode: server`): `poise doctor`
+  on both training machines finds it serving the recipe's model, then the two machines train through it.
 - recipes/slurm/train.sbatch under stand-ins for `srun` and `scontrol` (tests/fixtures/slurm) that start
   one real process per machine with SLURM's variables: `poise doctor` on each, then the training."""
 
@@ -24,8 +26,11 @@ import pytest
 import yaml
 from helpers import free_port
 from safetensors.torch import load_file
+from test_doctor import doctor, problems
 from test_fsdp import state_files
 
+from poise_trl.core.loading import resolve_model_path
+from poise_trl.engines.generation import vllm_import_error
 from poise_trl.run.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,3 +184,28 @@ def test_the_slurm_script_checks_every_machine_then_trains(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.count("checked against the other 1 machine(s)") == 2, result.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (docs/install.md)")
+def test_two_machines_train_through_a_vllm_server_reached_by_url(tmp_path):
+    from test_vllm_server import Server
+
+    model = resolve_model_path("data/tiny-qwen3")
+    server = Server(Path(model), tmp_path / "server.log")
+    try:
+        server.start()
+        recipe = recipe_file(tmp_path, model=model, use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url,
+                             max_steps=2, save_steps=100, eval_every=0)
+        for code, output in doctor(outputs=[tmp_path / "run"] * 2, recipe=recipe):
+            assert code == 0 and problems(output) == [], output
+        elsewhere = tmp_path / "other.yaml"  # the same server, asked for another model
+        elsewhere.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "model": str(tmp_path)}))
+        [(code, output)] = doctor(outputs=[tmp_path / "run"], recipe=elsewhere, machines=1)
+        assert code == 1 and f"serves {model}, not the recipe's model {tmp_path}" in output, output
+        run_ok(recipe, tmp_path / "run", machines=2, per_machine=1)
+    finally:
+        server.stop()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
+    log = (tmp_path / "server.log").read_text()
+    assert "POST /collective_rpc" in log, log[-3000:]  # the trainer's weights reached the server

@@ -15,6 +15,7 @@ torchrun agent in its own session with its own environment.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,10 +200,13 @@ def test_two_machines_train_through_a_vllm_server_reached_by_url(tmp_path):
                              max_steps=2, save_steps=100, eval_every=0)
         for code, output in doctor(outputs=[tmp_path / "run"] * 2, recipe=recipe):
             assert code == 0 and problems(output) == [], output
-        elsewhere = tmp_path / "other.yaml"  # the same server, asked for another model
-        elsewhere.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "model": str(tmp_path)}))
+        other = tmp_path / "other-model"  # the same server, asked for another model (a config is all doctor reads)
+        other.mkdir()
+        shutil.copy(Path(model) / "config.json", other / "config.json")
+        elsewhere = tmp_path / "other.yaml"
+        elsewhere.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "model": str(other)}))
         [(code, output)] = doctor(outputs=[tmp_path / "run"], recipe=elsewhere, machines=1)
-        assert code == 1 and f"serves {model}, not the recipe's model {tmp_path}" in output, output
+        assert code == 1 and f"serves {model}, not the recipe's model {other}" in output, output
         run_ok(recipe, tmp_path / "run", machines=2, per_machine=1)
     finally:
         server.stop()

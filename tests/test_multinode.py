@@ -213,3 +213,16 @@ def test_two_machines_train_through_a_vllm_server_reached_by_url(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
     log = (tmp_path / "server.log").read_text()
     assert "POST /collective_rpc" in log, log[-3000:]  # the trainer's weights reached the server
+
+
+def test_a_ranks_own_error_stays_its_own_and_the_others_name_that_rank():
+    """Only a collective that failed because of a peer is turned into the one line: rank 1's own error
+    reaches it unchanged (it is not blamed on rank 0), and rank 0, whose next collective then finds rank 1
+    gone, names rank 1."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), str(REPO / "tests" / "distributed" / "lost_rank.py")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    lines = [line.split("]:", 1)[-1].strip() for line in result.stdout.splitlines() if "rank " in line]
+    assert "rank 1: RuntimeError: CUDA out of memory (the rank's own failure)" in lines, result.stdout
+    assert any(line.startswith("rank 0: LostRankError: rank 1 (machine 0) of 2 stopped answering") for line in lines)

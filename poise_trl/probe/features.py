@@ -608,7 +608,7 @@ class GenerationCapture(ForwardHooks):
         hold = live_mark & (think | (self._held_written == 0))
         self._held_written.masked_fill_(hold, written)
         self._ended_at.masked_fill_(live_mark & ~think, written)
-        torch.where(hold[:, None, None], self._ring, self._held, out=self._held)  # a copy of the ring, ~10 KB a row
+        torch.where(hold[:, None, None], self._ring, self._held, out=self._held)  # one pass over the ring
 
     # -- after generate ------------------------------------------------------------------------
 

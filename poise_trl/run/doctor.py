@@ -98,33 +98,34 @@ def memory_line(plan, machines: int) -> tuple[str, bool]:
     return f"memory plan: {memory.verdict()}", memory.fits
 
 
-def exchange(report: dict, node: int, machines: int, rendezvous: str, wait_s: float, folder: Path) -> list[str]:
+def exchange(report: dict, node: int, machines: int, rendezvous: str, wait_s: float,
+             folder: Path) -> tuple[bool, list[str]]:
     """Every machine's report, through a TCPStore at the rendezvous address (machine 0 hosts it), checked
-    against this machine's (`cross_checks`) before the machines part."""
+    against this machine's (`cross_checks`) before the machines part. (every machine reported, problems)"""
     host, _, port = rendezvous.rpartition(":")
     timeout = datetime.timedelta(seconds=wait_s)
     try:
         store = TCPStore(host, int(port), machines, is_master=node == 0, timeout=timeout, wait_for_workers=False)
     except (RuntimeError, ValueError, OSError) as exc:
         where = "cannot be opened on this machine (port in use?)" if node == 0 else "does not answer"
-        return [f"rendezvous {rendezvous} {where} ({' '.join(str(exc).split())[:100]}): set MASTER_ADDR to "
-                    "machine 0's address as this machine reaches it and MASTER_PORT to a free port open between "
-                    "the machines, and start doctor on machine 0 too"]
+        return False, [f"rendezvous {rendezvous} {where} ({' '.join(str(exc).split())[:100]}): set MASTER_ADDR to "
+                           "machine 0's address as this machine reaches it and MASTER_PORT to a free port open "
+                           "between the machines, and start doctor on machine 0 too"]
     store.set(f"report-{node}", json.dumps(report))
     keys = [f"report-{i}" for i in range(machines)]
     try:
         store.wait(keys, timeout)
     except Exception:  # noqa: BLE001 - torch raises DistStoreError or RuntimeError by version
         silent = [i for i, key in enumerate(keys) if not store.check([key])]
-        return [f"machine {', '.join(map(str, silent))} did not report within {wait_s:g} s: run the same "
-                    f"`poise doctor --machines {machines}` on every machine"]
+        return False, [f"machine {', '.join(map(str, silent))} did not report within {wait_s:g} s: run the same "
+                           f"`poise doctor --machines {machines}` on every machine"]
     problems = cross_checks([json.loads(store.get(key)) for key in keys], node, folder)
     store.set(f"read-{node}", "1")  # every machine keeps its token, and machine 0 the store, until all have read
     try:
         store.wait([f"read-{i}" for i in range(machines)], timeout)
     except Exception:  # noqa: BLE001 - a machine that left after reading: nothing is lost
         pass
-    return problems
+    return True, problems
 
 
 def cross_checks(reports: list[dict], me: int, folder: Path) -> list[str]:
@@ -170,8 +171,10 @@ def run_doctor(plan=None, machines: int = 1, node: int | None = None, output_dir
         environ = os.environ
         rendezvous = rendezvous or f"{environ.get('MASTER_ADDR', '127.0.0.1')}:{environ.get('MASTER_PORT', '29500')}"
         report = {"node": node, "host": socket.gethostname(), "versions": versions(), "token": secret}
-        problems += exchange(report, node, machines, rendezvous, wait_s, folder)
-        notes.append(f"rendezvous {rendezvous}: checked against the other {machines - 1} machine(s)")
+        reported, found = exchange(report, node, machines, rendezvous, wait_s, folder)
+        problems += found
+        if reported:
+            notes.append(f"rendezvous {rendezvous}: checked against the other {machines - 1} machine(s)")
     token.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # the last machine out removes the folder: `poise train` wants none
         token.parent.rmdir()

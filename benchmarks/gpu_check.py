@@ -34,7 +34,7 @@ tokenizer, saved in bf16, then measures, in one JSON artefact:
 Sizing, from benchmarks/results/gpu_check.json (H100, the earlier design: 512-token completions, 2 runs
 of 1 warmup + 2 measured steps per arm, 581.8 s): its measured steps took 20.4-46.5 s (POISE 33.0 s mean,
 CV 18%; GRPO 31.0 s, CV 37%), so a whole-step ratio at +-3% (95%) needs n = (1.96 / 0.03)^2 x (0.18^2 +
-0.37^2) = 720 steps per arm: no whole-step design fits 6 minutes, hence (3). Its figures: 98 s outside the
+0.37^2) = 723 steps per arm: no whole-step design fits 6 minutes, hence (3). Its figures: 98 s outside the
 steps (wheels, model build, 4 process starts; 581.8 s minus the 483.9 s its 12 steps took); a warmup step
 took 57 s against 32 s measured (25 s once per arm and run); a measured step split into generation
 (23.2 s GRPO, 25.9 s POISE: 45-51 ms per decode step at 512) and 7.1-7.8 s besides. At 128 tokens a step

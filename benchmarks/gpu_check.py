@@ -21,9 +21,9 @@ tokenizer, saved in bf16, then measures, in one JSON artefact:
    round (a drift within a round cancels; `order_effect_ms` is A's first minus A's last), every decode
    step timed with CUDA events recorded from before the capture's first hook to after its last.
 2. `poise_vs_grpo`: POISE and GRPO taking turns step by step (step_cost's baton: two processes, one
-   computing at a time; 1 warmup + 3 measured steps per arm), each phase timed per step, 16 prompts x 2
-   rollouts of 128 tokens, micro-batches of 8 rows with gradient checkpointing; the whole-step ratio
-   with its interval, kept as a check.
+   computing at a time; 1 warmup + 3 measured steps per arm), each phase timed per step
+   (`phase_seconds_by_step`), 16 prompts x 2 rollouts of 128 tokens, micro-batches of 8 rows with
+   gradient checkpointing; the whole-step ratio with its interval, kept as a check.
 3. `poise_over_grpo_by_phases`: the ratio the check resolves. A POISE step is a GRPO step (same
    rollouts, same loss) plus the capture and the probe's phases, so POISE/GRPO = 1 + (capture ms per
    decode step x decode steps + advantages, predict and refit seconds) / GRPO's step seconds, with a

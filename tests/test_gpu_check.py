@@ -66,6 +66,8 @@ def test_whole_check_runs_on_the_cpu_at_a_tiny_shape(tmp_path):
     pair = result["poise_vs_grpo"]
     assert pair["arm_a"]["recipe"].endswith("poise.yaml") and pair["arm_b"]["recipe"].endswith("grpo_2.yaml")
     assert pair["measured_steps"] == 2 and pair["ratio_of_mean_step_seconds"] > 0
+    [steps] = pair["arm_a"]["phase_seconds_by_step"]  # every step's phases, the warmup's first
+    assert len(steps) == 3 and all(step["generate_with_capture"] > 0 for step in steps)
     assert pair["arm_a"]["probe_buffer_bytes"] > 0
     for algo in ("poise", "grpo"):
         compared = result["plan_vs_measured"][algo]

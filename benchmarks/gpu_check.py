@@ -14,24 +14,52 @@ installed here) into `.gpu_check_wheels/` (ignored by git; with the tracked tree
 (and PYTHONPATH, for the arms' processes).
 
 `run` builds a random-init Qwen3 at the 1.7B geometry (real vocabulary, 28 blocks, width 2048) with Qwen3's
-tokenizer, saved in bf16; POISE and GRPO take turns step by step (step_cost's baton: two processes, one
-computing at a time; one run of 1 warmup + 4 measured steps per arm, POISE stepping first: two warmups
-where two runs of 2 measured steps took four, meant to fit the 8 minutes (not yet run on a GPU); 16 prompts
-x 2 rollouts, 512-token completions, transformers generation, micro-batches of 8 rows with gradient checkpointing); the
-step-time ratio with its interval (over one run's steps); each arm's CUDA allocator peak beside `poise plan`'s
-estimate of the same recipe; and the probe's refit at 4096 rows x width 2048 on CUDA (poise_scale's fit
-point). One JSON artefact. `--device cpu --shape tiny` with smaller
-`--prompts/--completion-length/--steps/--fit-*` runs the same path on the CPU (the test).
+tokenizer, saved in bf16, then measures, in one JSON artefact:
+
+1. `capture_cost`: POISE's generation capture on its own, in this process: the same 32 rows generate the
+   same 128 tokens (one seed, no early stop) without (A) and with (B) the capture, in the order ABBA per
+   round (a drift within a round cancels; `order_effect_ms` is A's first minus A's last), every decode
+   step timed with CUDA events recorded from before the capture's first hook to after its last.
+2. `poise_vs_grpo`: POISE and GRPO taking turns step by step (step_cost's baton: two processes, one
+   computing at a time; 1 warmup + 3 measured steps per arm), each phase timed per step
+   (`phase_seconds_by_step`), 16 prompts x 2 rollouts of 128 tokens, micro-batches of 8 rows with
+   gradient checkpointing; the whole-step ratio with its interval, kept as a check.
+3. `poise_over_grpo_by_phases`: the ratio the check resolves. A POISE step is a GRPO step (same
+   rollouts, same loss) plus the capture and the probe's phases, so POISE/GRPO = 1 + (capture ms per
+   decode step x decode steps + advantages, predict and refit seconds) / GRPO's step seconds, with a
+   bootstrap interval over the paired generations and GRPO's steps.
+4. Each arm's CUDA allocator peak beside `poise plan`'s estimate; the probe's refit at 4096 rows x width
+   2048 (poise_scale's fit point).
+
+Sizing, from benchmarks/results/gpu_check.json (H100, the earlier design: 512-token completions, 2 runs
+of 1 warmup + 2 measured steps per arm, 581.8 s): its measured steps took 20.4-46.5 s (POISE 33.0 s mean,
+CV 18%; GRPO 31.0 s, CV 37%), so a whole-step ratio at +-3% (95%) needs n = (1.96 / 0.03)^2 x (0.18^2 +
+0.37^2) = 723 steps per arm: no whole-step design fits 6 minutes, hence (3). Its figures: 98 s outside the
+steps (wheels, model build, 4 process starts; 581.8 s minus the 483.9 s its 12 steps took); a warmup step
+took 57 s against 32 s measured (25 s once per arm and run); a measured step split into generation
+(23.2 s GRPO, 25.9 s POISE: 45-51 ms per decode step at 512) and 7.1-7.8 s besides. At 128 tokens a step
+is 128 x 0.045 + 7.5 = 13.3 s, and this call: 98 s + capture_cost 9 generations (a warmup + 2 ABBA
+rounds) x 128 x 0.048 s = 55 s + 2 warmups x (25 + 13.3) s = 77 s + 6 measured steps x 13.3 s = 80 s,
+310 s of the 360. Resolution of (3): if the capture cost what the earlier run's generation gap says
+(2.77 s per 512 decode steps: 5.4 ms each, 0.69 s a 128-token step, 5.2% of 13.3 s), GRPO's step time at
+its CV of 37% over 3 steps moves that 5.2% by 1.96 x 0.052 x 0.37 / 3^0.5 = +-2.2%; the capture's own
+interval (8 generations of 128 paired decode steps) comes on top and is in the artefact: the check
+says whether its interval is within +-3% (`resolved`), and `--capture-rounds`/`--steps` buy more.
+
+`--device cpu --shape tiny` with smaller `--prompts/--completion-length/--steps/--fit-*` runs the same
+path on the CPU (the test; wall-clock timers stand in for CUDA events there).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -206,6 +234,118 @@ def build_policy(shape: str, dtype: str, device: str, output_dir: Path) -> dict:
             "intermediate_size": config.intermediate_size}
 
 
+class DecodeStepTimer:
+    """Times every forward of `model` (generate's prefill, then one per decode step) from a pre-hook put
+    before all others to a hook added after the capture's, with CUDA events (no host synchronisation
+    while generate runs; read at the end), or wall clocks on the CPU."""
+
+    def __init__(self, model, device: str):
+        import torch
+
+        self.model, self.cuda = model, device == "cuda"
+        self.clock = (lambda: torch.cuda.Event(enable_timing=True)) if self.cuda else None
+        self.marks: list = []
+
+    def _mark(self, *args, **kwargs):
+        if self.cuda:
+            event = self.clock()
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def __enter__(self):
+        self.marks = []
+        self.handles = [self.model.register_forward_pre_hook(self._mark, prepend=True),
+                        self.model.register_forward_hook(self._mark)]
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+    def decode_step_ms(self) -> list[float]:
+        """Milliseconds of each decode step (the prefill, the first forward, left out)."""
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            spans = [start.elapsed_time(end) for start, end in zip(self.marks[::2], self.marks[1::2], strict=True)]
+        else:
+            spans = [(end - start) * 1e3 for start, end in zip(self.marks[::2], self.marks[1::2], strict=True)]
+        return spans[1:]
+
+
+def capture_cost(model_dir: Path, device: str, dtype: str, rows: int, tokens: int, rounds: int,
+                 seed: int = 0) -> dict:
+    """Decode-step milliseconds without (A) and with (B) POISE's GenerationCapture, ABBA per round."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from poise_trl.probe.features import GenerationCapture
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
+    think = tokenizer.convert_tokens_to_ids("</think>")
+    prompts = torch.randint(1000, 20000, (rows, 32), generator=torch.Generator().manual_seed(seed)).to(device)
+
+    def generate(with_capture: bool) -> list[float]:
+        torch.manual_seed(seed)  # the same tokens with and without the capture: it changes no logit
+        capture = GenerationCapture(model, 0.55, [tokenizer.eos_token_id], think)
+        with torch.no_grad(), (capture if with_capture else contextlib.nullcontext()), DecodeStepTimer(
+                model, device) as timer:
+            model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
+                           min_new_tokens=tokens, max_new_tokens=tokens, pad_token_id=tokenizer.eos_token_id)
+        return timer.decode_step_ms()
+
+    generate(False)  # warmup: kernels, allocator
+    plain, captured, order_effect = [], [], []
+    for _ in range(rounds):
+        first, b1, b2, last = generate(False), generate(True), generate(True), generate(False)
+        plain += [first, last]
+        captured += [b1, b2]
+        order_effect.append(statistics.mean(first) - statistics.mean(last))
+    # per generation, the mean over its decode steps; pairs: (A1, B1), (A4, B2) of each round
+    differences = [statistics.mean(b) - statistics.mean(a) for a, b in zip(plain, captured, strict=True)]
+    rng = random.Random(seed)
+    draws = sorted(statistics.mean(rng.choices(differences, k=len(differences))) for _ in range(4000))
+    return {"rows": rows, "decode_steps_per_generation": tokens - 1, "rounds": rounds, "order": "ABBA",
+            "timer": "cuda events" if device == "cuda" else "wall clock",
+            "plain_ms_per_decode_step": round(statistics.mean(map(statistics.mean, plain)), 4),
+            "capture_ms_per_decode_step": round(statistics.mean(map(statistics.mean, captured)), 4),
+            "capture_cost_ms_per_decode_step": round(statistics.mean(differences), 4),
+            "capture_cost_95_interval": [round(draws[100], 4), round(draws[3899], 4)],
+            "order_effect_ms": [round(x, 4) for x in order_effect],
+            "decode_step_ms": {"plain": [[round(x, 3) for x in g] for g in plain],
+                               "capture": [[round(x, 3) for x in g] for g in captured]}}
+
+
+def ratio_by_phases(capture: dict, pair: dict, tokens: int, seed: int = 0) -> dict:
+    """POISE/GRPO = 1 + (capture cost of a step's decode steps + POISE's own phases) / GRPO's step."""
+    import random
+
+    own = ("poise_advantages", "probe_predict", "probe_refit")
+    phases = pair["arm_a"]["phase_seconds_per_step"]
+    own_seconds = sum(phases.get(phase, 0.0) for phase in own)
+    grpo_steps = [s for run in pair["arm_b"]["step_seconds"] for s in run[pair["warmup_steps"]:]]
+    per_generation = [statistics.mean(b) - statistics.mean(a) for a, b in
+                      zip(capture["decode_step_ms"]["plain"], capture["decode_step_ms"]["capture"], strict=True)]
+
+    def ratio(differences, steps):
+        return 1 + (statistics.mean(differences) * tokens / 1e3 + own_seconds) / statistics.mean(steps)
+
+    rng = random.Random(seed)
+    draws = sorted(ratio(rng.choices(per_generation, k=len(per_generation)), rng.choices(grpo_steps,
+                                                                                         k=len(grpo_steps)))
+                   for _ in range(4000))
+    low, high = draws[100], draws[3899]
+    return {"ratio": round(ratio(per_generation, grpo_steps), 4), "ratio_95_interval": [round(low, 4), round(high, 4)],
+            "resolved": high - low <= 0.06, "poise_own_phase_seconds_per_step": round(own_seconds, 4),
+            "grpo_step_seconds": grpo_steps, "decode_steps_per_training_step": tokens}
+
+
 def run(cli) -> None:
     import torch
 
@@ -246,6 +386,9 @@ def run(cli) -> None:
                                      run_exact=False)
     write_artefact(payload, cli.output)
     rows = 2 * cli.prompts
+    payload["capture_cost"] = capture_cost(model_dir, cli.device, dtype, rows, cli.completion_length,
+                                           cli.capture_rounds)
+    write_artefact(payload, cli.output)
     shape = {"model": str(model_dir), "max_completion_length": cli.completion_length,
              "per_device_train_batch_size": min(rows, cli.micro_batch),
              "gradient_accumulation_steps": max(1, rows // cli.micro_batch),
@@ -255,7 +398,11 @@ def run(cli) -> None:
     pair = run_pair("transformers", cli.steps, 1, cli.replicates, 0, workdir, shape)
     payload["poise_vs_grpo"] = pair
     low, high = pair["ratio_95_interval"]
-    print(f"POISE/GRPO {pair['ratio_of_mean_step_seconds']:.3f} [{low:.3f}, {high:.3f}]", flush=True)
+    print(f"POISE/GRPO whole steps {pair['ratio_of_mean_step_seconds']:.3f} [{low:.3f}, {high:.3f}]", flush=True)
+    payload["poise_over_grpo_by_phases"] = by_phases = ratio_by_phases(payload["capture_cost"], pair,
+                                                                       cli.completion_length)
+    low, high = by_phases["ratio_95_interval"]
+    print(f"POISE/GRPO by phases {by_phases['ratio']:.3f} [{low:.3f}, {high:.3f}]", flush=True)
     write_artefact(payload, cli.output)
 
     gpu_bytes = torch.cuda.get_device_properties(0).total_memory if cli.device == "cuda" else 80 * GIB
@@ -291,11 +438,12 @@ def main() -> None:
     go.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     go.add_argument("--shape", choices=list(SHAPES), default="1.7b")
     go.add_argument("--prompts", type=int, default=16, help="prompts per step, 2 rollouts each")
-    go.add_argument("--completion-length", type=int, default=512)
+    go.add_argument("--completion-length", type=int, default=128)
     # toy-arith's prompts through Qwen3's chat template: 27 tokens in plan_vs_measured.json's batches
     go.add_argument("--prompt-length", type=int, default=32, help="prompt tokens the plan assumes")
     go.add_argument("--micro-batch", type=int, default=8, help="rows per training micro-batch")
-    go.add_argument("--steps", type=int, default=4, help="measured steps per arm and run, after 1 warmup")
+    go.add_argument("--steps", type=int, default=3, help="measured steps per arm and run, after 1 warmup")
+    go.add_argument("--capture-rounds", type=int, default=2, help="ABBA rounds of the capture's own timing")
     go.add_argument("--replicates", type=int, default=1,
                     help="runs of the pair (fresh processes, the first arm alternating), each with its warmup")
     go.add_argument("--fit-rows", type=int, default=4096)

@@ -93,6 +93,7 @@ class TakeTurns(TrainerCallback):
         self.warmup = warmup
         self.phases: PhaseClock | None = None
         self.step_seconds: list[float] = []
+        self.phase_steps: list[dict[str, float]] = []  # each step's phases, warmup steps included
         self._start = None
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -101,6 +102,8 @@ class TakeTurns(TrainerCallback):
             self.both_built.wait(WAIT_LIMIT_SECONDS)
         else:
             self.step_seconds.append(now - self._start)
+            if self.phases is not None:
+                self.phase_steps.append(self.phases.lap())
             if len(self.step_seconds) == self.warmup and self.phases is not None:
                 self.phases.reset()
             self._pass()
@@ -112,6 +115,8 @@ class TakeTurns(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.step_seconds.append(time.perf_counter() - self._start)
+        if self.phases is not None:
+            self.phase_steps.append(self.phases.lap())
         self.finished[self.me] = 1
         self._pass()
         # What follows the last step (final evaluation and save) waits until the other arm's steps are done.
@@ -131,12 +136,19 @@ class PhaseClock:
 
     def __init__(self, methods: dict[str, tuple[type, str]]):
         self.seconds = dict.fromkeys(methods, 0.0)
+        self._lapped = dict(self.seconds)  # `seconds` at the previous lap
         self.last_self = {}
         for phase, (owner, name) in methods.items():
             setattr(owner, name, self._timed(phase, owner.__dict__[name]))
 
     def reset(self) -> None:
         self.seconds = dict.fromkeys(self.seconds, 0.0)
+        self._lapped = dict(self.seconds)
+
+    def lap(self) -> dict[str, float]:
+        """Each phase's seconds since the previous lap: one step's phases."""
+        lapped, self._lapped = self._lapped, dict(self.seconds)
+        return {phase: round(self.seconds[phase] - lapped[phase], 4) for phase in self.seconds}
 
     def _timed(self, phase, method):
         def timed(instance, *args, **kwargs):
@@ -290,7 +302,8 @@ def arm_process(me: int, kind: str, recipe: dict, warmup: int, output_dir: str, 
             baton.notify_all()
         raise
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    result.update(step_seconds=turns.step_seconds, peak_rss_mib=round(peak_kib / 1024, 1))
+    result.update(step_seconds=turns.step_seconds, phase_seconds_by_step=turns.phase_steps,
+                  peak_rss_mib=round(peak_kib / 1024, 1))
     if torch.cuda.is_available():  # the CUDA allocator's peak over the whole run, generation included
         result["peak_cuda_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     results.put((me, result))
@@ -384,7 +397,8 @@ def run_pair(name: str, steps: int, warmup: int, replicates: int, seed: int, wor
                "peak_rss_mib": max(run[i]["peak_rss_mib"] for run in runs),
                **({"peak_cuda_allocated_mib": max(run[i]["peak_cuda_allocated_mib"] for run in runs)}
                   if "peak_cuda_allocated_mib" in runs[0][i] else {}),
-               "step_seconds": [[round(s, 4) for s in run[i]["step_seconds"]] for run in runs]}
+               "step_seconds": [[round(s, 4) for s in run[i]["step_seconds"]] for run in runs],
+               "phase_seconds_by_step": [run[i]["phase_seconds_by_step"] for run in runs]}
         arm.update({key: first_run[key] for key in ("policy_forward_passes_per_step", "probe_buffer_bytes",
                                                    "features_from", "num_tokens") if key in first_run})
         pair[f"arm_{'ab'[i]}"] = arm

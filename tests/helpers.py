@@ -117,3 +117,27 @@ def assert_saved_weights_moved(start_model_dir, final_dir) -> None:
     assert shared, f"{final_dir} and {start_model_dir} hold no tensor of the same name"
     unchanged = [name for name in shared if torch.equal(start[name], final[name])]
     assert not unchanged, f"{len(unchanged)} of {len(shared)} saved tensors did not change, e.g. {unchanged[:3]}"
+
+
+def machine_failure(completions, trainer_state=None, **kwargs) -> list[float]:
+    """A reward of 0.0 for every completion (it changes nothing), and a fault injector: on the machine
+    whose environment sets POISE_TEST_FAILURE=kill|stop, once the run has finished step
+    POISE_TEST_FAILURE_STEP, `kill` SIGKILLs this machine's torchrun agent and this rank (the machine
+    dies), `stop` SIGSTOPs this rank (it hangs)."""
+    import signal
+
+    failure, step = os.environ.get("POISE_TEST_FAILURE"), int(os.environ.get("POISE_TEST_FAILURE_STEP", "2"))
+    if failure and trainer_state is not None and trainer_state.global_step == step:
+        if failure == "kill":
+            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return [0.0] * len(completions)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -64,9 +64,10 @@ def test_help(command):
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "poise_trl"
-# Flags of other programs that the package writes out: pip's, accelerate's, torchrun's (and every flag in
-# sandbox.py, bubblewrap's and unshare's, and in vllm_server.py and seam/vllm.py, the vLLM server's).
-OTHER_PROGRAMS_FLAGS = {"--no-deps", "--num_processes", "--nproc_per_node"}
+# Flags of other programs that the package writes out: pip's, accelerate's, torchrun's, the vLLM server's
+# that `poise doctor` spells out (and every flag in sandbox.py, bubblewrap's and unshare's, and in
+# vllm_server.py and seam/vllm.py, the vLLM server's).
+OTHER_PROGRAMS_FLAGS = {"--no-deps", "--num_processes", "--nproc_per_node", "--host", "--port"}
 
 
 def command_paths(command, path=()):

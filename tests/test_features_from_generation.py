@@ -124,6 +124,58 @@ def test_random_qwen3_left_padding_early_eos_and_think_cuts(n_pool, temperature)
     assert captured.entropy[:, 0].std() > 0.01 and captured.response.std(0).mean() > 0.01
 
 
+# What makes the host wait for the device: reading a value (.item, .tolist, .cpu, .numpy, int/float/bool of a
+# tensor) and indexing with a boolean mask (its size depends on the values).
+HOST_SYNCS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__")
+
+
+def test_the_capture_never_waits_for_the_device_inside_the_decode_loop(monkeypatch):
+    """Every capture hook run inside generate's loop is counted for host synchronisations (CPU tensors
+    here; the same code on a GPU would stall the pipeline once per decode step with each)."""
+    in_hook, syncs = [False], []
+
+    def counted(name, original):
+        def wrapper(self, *args, **kwargs):
+            if in_hook[0]:
+                syncs.append(name)
+            return original(self, *args, **kwargs)
+        return wrapper
+
+    def indexing(name, original):
+        def wrapper(self, index, *args):
+            parts = index if isinstance(index, tuple) else (index,)
+            if in_hook[0] and any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+                syncs.append(f"{name} with a boolean mask")
+            return original(self, index, *args)
+        return wrapper
+
+    def flagged(original):
+        def wrapper(self, *args, **kwargs):
+            in_hook[0] = True
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                in_hook[0] = False
+        return wrapper
+
+    for name in HOST_SYNCS:
+        monkeypatch.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+    for name in ("__getitem__", "__setitem__"):
+        monkeypatch.setattr(torch.Tensor, name, indexing(name, getattr(torch.Tensor, name)))
+    hooks = ("_before_step", "_after_block", "_after_step")
+    for name in hooks:
+        monkeypatch.setattr(GenerationCapture, name, flagged(getattr(GenerationCapture, name)))
+    monkeypatch.setattr(GenerationCapture, "_feed", counted("_feed", GenerationCapture._feed))  # not a sync: a count
+    model = random_qwen3()
+    prompts = random_prompts([5, 12, 3, 9, 12, 7])
+    force = ForceTokens(max(map(len, prompts)), MIXED, banned=(EOS, THINK))
+    captured, reference, completions = captured_and_reference(model, prompts, eos=EOS, think=THINK, pad=PAD,
+                                                              logits_processor=[force])
+    assert_features_close(captured, reference)
+    assert syncs.count("_feed") == 7  # the hooks ran: one decode step per completion token but the last
+    assert [name for name in syncs if name != "_feed"] == []
+
+
 def test_every_row_ends_early_so_generate_stops_before_the_limit():
     model = random_qwen3(seed=1)
     prompts = random_prompts([4, 10, 7], seed=2)

@@ -59,18 +59,26 @@ def test_whole_check_runs_on_the_cpu_at_a_tiny_shape(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     subprocess.run([sys.executable, "benchmarks/gpu_check.py", "run", "--device", "cpu", "--shape", "tiny",
                     "--prompts", "2", "--completion-length", "8", "--micro-batch", "2", "--steps", "2",
-                    "--fit-rows", "256", "--fit-width", "32", "--output", str(output)],
+                    "--capture-rounds", "1", "--fit-rows", "256", "--fit-width", "32", "--output", str(output)],
                    cwd=REPO, env=env, check=True, timeout=900)
     result = json.loads(output.read_text())
     assert result["model"]["vocab_size"] == 151936 and result["model"]["hidden_size"] == 64
     pair = result["poise_vs_grpo"]
     assert pair["arm_a"]["recipe"].endswith("poise.yaml") and pair["arm_b"]["recipe"].endswith("grpo_2.yaml")
     assert pair["measured_steps"] == 2 and pair["ratio_of_mean_step_seconds"] > 0
+    [steps] = pair["arm_a"]["phase_seconds_by_step"]  # every step's phases, the warmup's first
+    assert len(steps) == 3 and all(step["generate_with_capture"] > 0 for step in steps)
     assert pair["arm_a"]["probe_buffer_bytes"] > 0
     for algo in ("poise", "grpo"):
         compared = result["plan_vs_measured"][algo]
         assert compared["measured"] == "peak_rss_mib" and compared["plan_bytes_without_cuda_runtime"] > 0
     assert result["probe_fit"]["rows"] == 256 and result["probe_fit"]["fast_seconds"] > 0
+    capture = result["capture_cost"]  # 4 generations (ABBA), 7 decode steps each, every one timed
+    assert [len(g) for g in capture["decode_step_ms"]["plain"] + capture["decode_step_ms"]["capture"]] == [7] * 4
+    assert capture["plain_ms_per_decode_step"] > 0 and len(capture["order_effect_ms"]) == 1
+    by_phases = result["poise_over_grpo_by_phases"]
+    low, high = by_phases["ratio_95_interval"]
+    assert low <= by_phases["ratio"] <= high and len(by_phases["grpo_step_seconds"]) == 2
 
 
 @pytest.mark.skipif(not (gpu_check.WHEELS / "manifest.json").is_file(), reason="no wheels prepared here")

@@ -236,6 +236,21 @@ def test_cli_plan_bad_input_is_one_line(tmp_path):
     assert_one_line_error(result, result.output, "80GB")
 
 
+def test_cli_plan_of_a_multi_machine_launch_is_that_of_all_its_gpus(monkeypatch):
+    from poise_trl.cli.main import app
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    recipe = str(REPO / "recipes/gpu/poise_qwen3-4b.yaml")
+    layout = CliRunner().invoke(app, ["plan", recipe, "--machines", "2", "--gpus-per-machine", "4"])
+    total = CliRunner().invoke(app, ["plan", recipe, "--gpus", "8"])
+    assert layout.exit_code == 0 and layout.output == total.output and "on 8 GPU(s)" in layout.output
+    for args, pattern in ((["--machines", "0"], "--machines >= 1"),
+                          (["--machines", "2", "--gpus-per-machine", "-1"], "--gpus-per-machine >= 1"),
+                          (["--machines", "2", "--gpus", "8"], "either the total")):
+        result = CliRunner().invoke(app, ["plan", recipe, *args])
+        assert_one_line_error(result, result.output, pattern)
+
+
 def test_train_check_stops_on_a_gpu_when_the_launch_cannot_fit(monkeypatch):
     """`poise train`'s check reads the launch from accelerate's environment and the card from torch
     (both stubbed: no GPU here); on a CPU it does nothing."""

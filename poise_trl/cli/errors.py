@@ -24,7 +24,8 @@ def fail(message: str) -> None:
 
 # The errors a user fixes (beyond ValueError, which RecipeError and DatasetFormatError are), by module: an error
 # class of a module not imported yet cannot have been raised, so a refusal before the libraries load stays fast.
-USER_ERRORS = {"poise_trl.run.hub": "HubPushError", "poise_trl.tasks.prompts": "DatasetUnavailableError"}
+USER_ERRORS = {"poise_trl.run.hub": "HubPushError", "poise_trl.tasks.prompts": "DatasetUnavailableError",
+               "poise_trl.core.distributed": "LostRankError"}
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

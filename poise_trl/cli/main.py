@@ -147,6 +147,46 @@ def train(
     console.print(table)
 
 
+@app.command()
+def doctor(
+    recipe: Path = typer.Argument(None, help="Recipe YAML of the run to check (its server, model, memory plan)."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides read as YAML."),
+    machines: int = typer.Option(1, "--machines", help="Machines in the launch; each runs this same command."),
+    node_rank: int = typer.Option(None, "--node-rank", help="This machine's index (default: NODE_RANK, GROUP_RANK "
+                                  "or SLURM_NODEID, else 0)."),
+    output_dir: str = typer.Option(None, "--output-dir", "-o", help="The run's output folder (default: the "
+                                   "recipe's); every machine must see it."),
+    rendezvous: str = typer.Option(None, "--rendezvous", help="HOST:PORT of the launch's rendezvous (default: "
+                                   "MASTER_ADDR:MASTER_PORT)."),
+    wait: float = typer.Option(30.0, "--wait", help="Seconds to wait for the other machines."),
+):
+    """Preflight of a launch on several machines, before it can hang: the same package versions everywhere,
+    the rendezvous reachable, NCCL/GLOO_SOCKET_IFNAME naming real interfaces, an output folder every machine
+    sees, the vLLM server answering with the recipe's model, the memory plan of one GPU. Run it on every
+    machine; one line per problem with its fix, exit code 1 when there is one."""
+    from poise_trl.run.doctor import run_doctor
+    from poise_trl.run.recipe import load_recipe, parse_recipe
+
+    if machines < 1 or (node_rank is not None and not 0 <= node_rank < machines):
+        fail(f"--machines {machines} --node-rank {node_rank}: give --machines >= 1 and --node-rank from 0 to "
+             "machines - 1")
+        return
+    if rendezvous is not None and not re.fullmatch(r"[^:\s]+:\d{1,5}", rendezvous):
+        fail(f"--rendezvous {rendezvous!r} is not HOST:PORT: give e.g. --rendezvous 10.0.0.1:29500")
+        return
+    try:
+        plan = parse_recipe(load_recipe(recipe, overrides), output_dir) if recipe else None
+        notes, problems = run_doctor(plan, machines, node_rank, output_dir, rendezvous, wait)
+    except user_errors() as exc:
+        fail(str(exc))
+        return
+    for line in notes:
+        console.print(f"ok: {escape(line)}", highlight=False, soft_wrap=True)
+    for line in problems:
+        console.print(f"[bold red]problem:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=1 if problems else 0)
+
+
 @toy_app.command("build")
 def toy_build(
     output_dir: Path = typer.Option(None, "--output-dir", "-o", help="Where the model goes (default: the bundled "

@@ -18,6 +18,9 @@ def plan(
     overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. per_device_train_batch_size=8"),
     gpus: int = typer.Option(None, "--gpus", min=1, help="GPUs, 1 or more (default: the recipe's gpus, else the "
                              "accelerate config's)."),
+    machines: int = typer.Option(None, "--machines", min=1, help="Machines of a multi-node launch (with "
+                                 "--gpus-per-machine: their product replaces --gpus)."),
+    gpus_per_machine: int = typer.Option(None, "--gpus-per-machine", min=1, help="GPUs on each machine (default 1)."),
     gpu_memory: str = typer.Option("80GB", "--gpu-memory", help="Memory of one GPU, e.g. 80GB or 141GB."),
     accelerate_config: Path = typer.Option(
         None, "--accelerate-config", help="accelerate config to launch with (default: the recipe's accelerate_config)."
@@ -28,6 +31,11 @@ def plan(
     weights, gradients, AdamW state, activations, LM head, vLLM, critics; fits or which change makes it fit."""
     from poise_trl.run.recipe import load_recipe, parse_recipe
 
+    if machines is not None or gpus_per_machine is not None:
+        if gpus is not None:
+            fail("--gpus with --machines/--gpus-per-machine: give either the total (--gpus) or the layout")
+            return
+        gpus = (machines or 1) * (gpus_per_machine or 1)
     try:
         spec = load_recipe(recipe, overrides)  # before torch and TRL load (run.plan imports them)
         from poise_trl.run.plan import GIB, Sharding, parse_memory, plan_recipe, sharding_from_accelerate_config

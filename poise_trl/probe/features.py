@@ -505,7 +505,7 @@ class GenerationCapture(ForwardHooks):
         self._closing = False
         self._closing_hidden: torch.Tensor | None = None  # the closing step's block output
         self._prompt: torch.Tensor | None = None
-        self._fed: list[list[int]] = []  # the completion token each row fed at each decode step
+        self._fed: list[torch.Tensor] = []  # the (B,) completion tokens the rows fed at each decode step
         self._pending_logits: list[torch.Tensor] = []  # next-token logits (B, vocabulary) awaiting their entropy
         self._entropies: list[torch.Tensor] = []  # (B, steps) entropies of each step's next-token distribution
         self._entropy_steps = 0
@@ -574,11 +574,10 @@ class GenerationCapture(ForwardHooks):
         self._ring = torch.zeros(rows, self.n_pool + 1, d, dtype=torch.float32, device=hidden.device)
         self._slots = self._ring.unbind(1)  # a view per slot: a decode step's write is one copy
         self._held = torch.zeros_like(self._ring)  # the ring at the row's last `</think>`, else at its EOS
-        # Per row, as Python ints: the hooks look at the fed tokens on the host, where a test per step is one
-        # set operation instead of a few tensor ops.
-        self._held_written = [0] * rows  # states written when held; 0: not held
-        self._ended_at = [0] * rows  # tokens fed up to and including its EOS; 0: still generating
-        self._marks = frozenset([*self.eos_token_ids, self.think_end_id])
+        # Per row, on the device, so that a decode step never waits for it (`_feed`).
+        self._held_written = torch.zeros(rows, dtype=torch.long, device=hidden.device)  # states written when held
+        self._ended_at = torch.zeros_like(self._held_written)  # tokens fed up to and including its EOS
+        self._marks = torch.tensor([*self.eos_token_ids, self.think_end_id], device=hidden.device)
 
     def _read_decode(self, hidden: torch.Tensor, ids, mask) -> None:
         rows = self._ring.shape[0]
@@ -595,25 +594,21 @@ class GenerationCapture(ForwardHooks):
                 "decoding, or a static/compiled cache)"
             )
         self._slots[(written - 1) % (self.n_pool + 1)].copy_(hidden[:, 0])
-        # To the host: generate itself waits on the device once per step (has every row finished?).
-        self._feed(ids[:, 0].tolist(), written)
+        self._feed(ids[:, 0], written)
 
-    def _feed(self, tokens: list[int], written: int) -> None:
+    def _feed(self, tokens: torch.Tensor, written: int) -> None:
+        """One decode step's bookkeeping as elementwise device ops: no `.item()`/`.tolist()` and no branch
+        on a token's value, so the capture never makes the host wait for the device inside generate's
+        loop (tests/test_features_from_generation.py counts). A row holds its ring where it feeds
+        `</think>`, or its first EOS without one; TRL keeps each completion up to and including its
+        first EOS, so a finished row's later tokens are padding."""
         self._fed.append(tokens)
-        if self._marks.isdisjoint(tokens):  # no `</think>` and no EOS: most steps
-            return
-        hold = []
-        for row, token in enumerate(tokens):
-            # TRL keeps each completion up to and including its first EOS: a finished row's later tokens are padding.
-            if token not in self._marks or self._ended_at[row]:
-                continue
-            if token == self.think_end_id or not self._held_written[row]:
-                hold.append(row)
-                self._held_written[row] = written
-            if token != self.think_end_id:
-                self._ended_at[row] = written
-        if hold:
-            self._held[hold] = self._ring[hold]
+        think = tokens == self.think_end_id
+        live_mark = torch.isin(tokens, self._marks) & (self._ended_at == 0)
+        hold = live_mark & (think | (self._held_written == 0))
+        self._held_written.masked_fill_(hold, written)
+        self._ended_at.masked_fill_(live_mark & ~think, written)
+        torch.where(hold[:, None, None], self._ring, self._held, out=self._held)  # one pass over the ring
 
     # -- after generate ------------------------------------------------------------------------
 
@@ -637,7 +632,7 @@ class GenerationCapture(ForwardHooks):
         if len(self._fed) == width - 1:
             self._close([c[-1] if len(c) == width else pad_token_id for c in completions])
         # A row still generating has fed every token generate fed.
-        self._lengths = torch.tensor([ended or len(self._fed) for ended in self._ended_at])
+        self._lengths = torch.where(self._ended_at > 0, self._ended_at, len(self._fed)).cpu()
         self._fed = self._fed[:width]
         self._step_kwargs = None
 
@@ -651,7 +646,7 @@ class GenerationCapture(ForwardHooks):
         if cache is None or not isinstance(mask, torch.Tensor) or mask.dim() != 2:
             self.error = "generate ran without a KV cache and a 2D mask: no closing decode step possible"
             return
-        rows = [row for row, ended in enumerate(self._ended_at) if not ended]
+        rows = [row for row, ended in enumerate(self._ended_at.tolist()) if not ended]  # generate is done: no wait
         if len(rows) < len(self._ended_at) and not _can_select_rows(cache):
             rows = list(range(len(self._ended_at)))  # a finished row's state lands in its ring, never read
         written = len(self._fed) + 1
@@ -676,7 +671,7 @@ class GenerationCapture(ForwardHooks):
                 self.error = "the closing decode step did not run the hooked block once per row"
                 return
             self._ring[rows, (written - 1) % (self.n_pool + 1)] = hidden[:, 0].to(self._ring)
-        self._feed(last_tokens, written)
+        self._feed(torch.tensor(last_tokens, device=self._ended_at.device), written)
 
     def features(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> RolloutFeatures:
         """RolloutFeatures of the rows as TRL scores them (right-padded ids and mask, any width); equal to
@@ -686,8 +681,9 @@ class GenerationCapture(ForwardHooks):
         if self.error is not None:
             raise CaptureUnavailable(self.error)
         width = completion_ids.shape[1]
-        generated = _fit_width(torch.tensor(self._fed, dtype=torch.long).view(len(self._fed), -1).T, width)
-        lengths = self._lengths.cpu()
+        fed = torch.stack(self._fed, 1).cpu() if self._fed else torch.zeros(len(self._lengths), 0, dtype=torch.long)
+        generated = _fit_width(fed, width)
+        lengths = self._lengths
         kept = completion_mask.sum(1).cpu()
         # A row TRL masks out entirely (mask_truncated_completions) keeps no response token.
         scored = kept > 0
@@ -695,7 +691,7 @@ class GenerationCapture(ForwardHooks):
             generated[completion_mask.bool().cpu()], completion_ids[completion_mask.bool()].cpu()
         ):
             raise CaptureUnavailable("the completions TRL scores are not the tokens generate fed back")
-        held_written = torch.tensor(self._held_written, device=self._ring.device)
+        held_written = self._held_written
         held = held_written > 0
         states = torch.where(held[:, None, None], self._held, self._ring)
         written = torch.where(held, held_written, self._lengths.to(held.device))[:, None]

@@ -88,6 +88,8 @@ class RunSettings:
     skip_memory_plan: bool = False
 
 
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600
+
 RUN_KEYS = {f.name for f in dataclasses.fields(RunSettings)}
 
 
@@ -256,7 +258,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
                      "logging_steps", "save_steps", "save_total_limit", "eval_num_samples", "eval_max_new_tokens",
                      "eval_batch_size", "dataset_size", "eval_limit", "budget_tokens", "budget_rollouts",
                      "budget_eval_points", "num_generations", "probe_buffer_rows", "probe_prompt_components",
-                     "probe_response_components", "num_train_epochs", "gpus"), (0, math.inf, True)),
+                     "probe_response_components", "num_train_epochs", "gpus", "ddp_timeout"), (0, math.inf, True)),
     **dict.fromkeys(("learning_rate", "temperature", "repetition_penalty"), (0, math.inf, True)),
     **dict.fromkeys(("eval_every", "warmup_steps", "beta", "epsilon", "epsilon_high", "weight_decay", "max_grad_norm",
                      "probe_bootstrap_steps", "probe_ridge_alpha", "eval_temperature", "seed", "data_seed"),
@@ -355,6 +357,11 @@ def build_config(algorithm: Algorithm, config_kwargs: dict, output_dir: str | No
         kwargs["output_dir"] = output_dir
     kwargs.setdefault("output_dir", f"runs/{algorithm.name}")
     kwargs.setdefault("report_to", "none")
+    # Every collective (the probe's small gathers included) gives up after this, not after the
+    # 30 minutes of torch's default: a dead or stopped rank ends the run with its name
+    # (core/distributed.naming_a_lost_rank). Raise ddp_timeout when one step's generation or a
+    # held-out evaluation, which the other ranks wait for, takes longer.
+    kwargs.setdefault("ddp_timeout", DEFAULT_COLLECTIVE_TIMEOUT_S)
     kwargs["disable_tqdm"] = True  # the rich display replaces tqdm
     if kwargs.get("log_completions") and "num_completions_to_print" in algorithm.config_class.__dataclass_fields__:
         kwargs.setdefault("num_completions_to_print", 4)  # TRL prints every row of the table at each log

@@ -12,6 +12,7 @@ import torch
 import yaml
 from transformers.trainer_callback import TrainerState
 
+from poise_trl.core.distributed import naming_a_lost_rank
 from poise_trl.core.provenance import package_versions, write_json, write_text
 from poise_trl.engines.generation import is_tiny_on_cpu, training_generation_record
 from poise_trl.engines.vllm_server import server_errors
@@ -80,7 +81,8 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         for callback in run.algorithm_callbacks:
             callback.finish(args, trainer.state, trainer.control)
     else:
-        with training_threads(trainer.model) as threads, server_errors(args, rerun):
+        with (training_threads(trainer.model) as threads, server_errors(args, rerun),
+              naming_a_lost_rank(args.ddp_timeout)):
             trainer.train(resume_from_checkpoint=resume_from)
     save_full_model(trainer, out / "final")
 

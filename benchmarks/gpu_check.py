@@ -284,7 +284,7 @@ def capture_cost(model_dir: Path, device: str, dtype: str, rows: int, tokens: in
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from poise_trl.probe.features import GenerationCapture
+    from poise_trl.probe.capture import GenerationCapture
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()

@@ -33,7 +33,7 @@ from step_cost import new_artefact, recipe_for, write_artefact
 from step_memory import StepWindow
 
 from poise_trl.core.provenance import write_json
-from poise_trl.probe.features import PENDING_LOGITS_ELEMENTS, GenerationCapture
+from poise_trl.probe.capture import PENDING_LOGITS_ELEMENTS, GenerationCapture
 from poise_trl.run.plan import ModelShape, Sharding, build_plan, load_model_config, plan_inputs
 from poise_trl.run.recipe import parse_recipe
 from poise_trl.run.toy import real_shape_config

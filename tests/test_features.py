@@ -10,13 +10,12 @@ import torch
 import transformers
 from torch import nn
 
+from poise_trl.probe.capture import HiddenStateCapture, extract_features
 from poise_trl.probe.features import (
-    HiddenStateCapture,
     RolloutFeatures,
     build_rollout_features,
     decoder_layers,
     entropy_span_means,
-    extract_features,
     last_think_end,
     pool_hidden,
     pooling_positions,

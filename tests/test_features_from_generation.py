@@ -15,13 +15,8 @@ import transformers
 from helpers import assert_parameters_moved, build_trainer, digit_parity_reward, trainable_parameters
 
 from poise_trl.algorithms.poise import POISETrainer
-from poise_trl.probe.features import (
-    CaptureUnavailable,
-    GenerationCapture,
-    decoder_layers,
-    extract_features,
-    pad_sequences,
-)
+from poise_trl.probe.capture import CaptureUnavailable, GenerationCapture, extract_features
+from poise_trl.probe.features import decoder_layers, pad_sequences
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

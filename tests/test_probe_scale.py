@@ -101,7 +101,7 @@ def test_fast_fit_on_the_tiny_models_real_features(bundled_model_dir, monkeypatc
     is lowered to exercise the randomized path on these features."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from poise_trl.probe.features import extract_features
+    from poise_trl.probe.capture import extract_features
     from poise_trl.tasks.toy_task import assistant_response, generate_problems
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir)

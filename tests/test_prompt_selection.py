@@ -15,8 +15,9 @@ import torch
 
 from poise_trl.algorithms.poise import select_prompts
 from poise_trl.core import estimators
+from poise_trl.probe.capture import extract_features, extract_prompt_vectors
 from poise_trl.probe.estimator import ProbeEstimator
-from poise_trl.probe.features import RolloutFeatures, extract_features, extract_prompt_vectors
+from poise_trl.probe.features import RolloutFeatures
 
 ROOT = Path(__file__).resolve().parents[1]
 

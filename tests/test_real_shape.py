@@ -25,14 +25,8 @@ from poise_trl.algorithms.poise import POISEConfig
 from poise_trl.cli.main import app
 from poise_trl.core.loading import load_tokenizer
 from poise_trl.engines.generation import render_prompts, vllm_import_error
-from poise_trl.probe.features import (
-    HiddenStateCapture,
-    last_think_end,
-    pad_sequences,
-    pooling_positions,
-    span_masks,
-    token_entropy,
-)
+from poise_trl.probe.capture import HiddenStateCapture
+from poise_trl.probe.features import last_think_end, pad_sequences, pooling_positions, span_masks, token_entropy
 from poise_trl.run.toy import QWEN3_TOKENIZER, build_real_shape_world, real_shape_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]

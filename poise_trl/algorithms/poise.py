@@ -35,8 +35,9 @@ from poise_trl.core import estimators
 from poise_trl.core.distributed import summed_over_processes
 from poise_trl.core.metrics import calibration_bins, mean_or_none
 from poise_trl.core.provenance import package_versions, pyplot, write_json
+from poise_trl.probe.capture import extract_prompt_vectors
 from poise_trl.probe.estimator import PROBE_INPUTS, ProbeEstimator, probe_metrics
-from poise_trl.probe.features import RolloutFeatures, decoder_layers, extract_prompt_vectors, resolve_layer_index
+from poise_trl.probe.features import RolloutFeatures, decoder_layers, resolve_layer_index
 from poise_trl.seam.grpo import FEATURE_SOURCES, FeatureNeed, GRPOSeam
 from poise_trl.seam.trainer import checkpoint_folder
 

@@ -44,8 +44,9 @@ from poise_trl.evaluation.bench import resolve_model
 from poise_trl.evaluation.bench_data import BENCHMARKS, data_fingerprint
 from poise_trl.evaluation.plots import plot_layer_sweep, plot_predictions, plot_transfer
 from poise_trl.evaluation.value_model import load_value_model, predict_value_model, train_value_model
+from poise_trl.probe.capture import extract_features
 from poise_trl.probe.estimator import LinearValueProbe
-from poise_trl.probe.features import RolloutFeatures, extract_features, pad_sequences, resolve_layer_index
+from poise_trl.probe.features import RolloutFeatures, pad_sequences, resolve_layer_index
 from poise_trl.tasks import is_task, load_prompt_dataset, mix_entry, resolve_dataset, row_verifiers, score_rows
 from poise_trl.tasks.math_grader import answer_to_str
 from poise_trl.tasks.prompts import DATASETS, held_out_split

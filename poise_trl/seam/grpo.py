@@ -33,13 +33,8 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from poise_trl.core.completions import per_completion_advantages
 from poise_trl.core.distributed import summed_over_processes
-from poise_trl.probe.features import (
-    CaptureUnavailable,
-    GenerationCapture,
-    HiddenStateCapture,
-    RolloutFeatures,
-    build_rollout_features,
-)
+from poise_trl.probe.capture import CaptureUnavailable, GenerationCapture, HiddenStateCapture
+from poise_trl.probe.features import RolloutFeatures, build_rollout_features
 from poise_trl.seam.trainer import TrainerSeam
 
 FEATURE_SOURCES = ("trl_pass", "generation", "extra_pass")

@@ -21,7 +21,7 @@ from trl.trainer.utils import add_fused_lm_head
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_features import THINK, make_batch  # noqa: E402
 
-from poise_trl.probe.features import extract_features  # noqa: E402
+from poise_trl.probe.capture import extract_features  # noqa: E402
 
 LAYER = 0.55  # the recipes' probe_layer: block 1 of 2
 

@@ -444,3 +444,27 @@ def test_the_refusal_names_each_cause_and_poise_grade_prints_one_error_line(noth
 @pytest.mark.skipif(not os.path.isfile("/bin/python3"), reason="no /bin/python3 here")
 def test_an_interpreter_named_through_bin_binds_nothing_outside_usr():
     assert sandbox._install_roots("/bin/python3") == []  # not "/", the parent of /bin: the whole machine
+
+
+def _held() -> tuple[int, int]:
+    """(sandbox uids handed out, open descriptors of this process)."""
+    return len(sandbox.SANDBOX_UIDS) - sandbox._FREE_UIDS.qsize(), len(os.listdir("/proc/self/fd"))
+
+
+@needs_isolation
+@pytest.mark.parametrize("isolation", WORKING)
+def test_any_text_gets_a_verdict_and_nothing_leaks(isolation):
+    """Lone surrogates, NUL, megabyte lines, and every error path: each source a verdict, and afterwards no uid,
+    descriptor or sandbox process is held (issue 49: a lone surrogate raised outside the judge and leaked all
+    three)."""
+    held = _held()
+    ok = "def f():\n    return 1\n"
+    sources = ["\ud800", f"# \ud800\udfff\n{ok}", ok + "\x00", ok + "#" + "y" * 2**20, "raise SystemExit(3)",
+               "def f():\n    return '\\ud800'\n", "import time\ntime.sleep(9)", ok]
+    verdicts = sandbox.judge_many([(source, "f", lambda f: f()) for source in sources],
+                                  Limits(timeout_s=1.0, cpu_s=1), mode=isolation)
+    assert verdicts == ["exception", "passed", "exception", "passed", "exception", "passed", "timeout",
+                        "passed"]
+    assert run_program("print('\\ud800')\n# \ud800", FAST, mode=isolation).returncode != 0
+    assert _held() == held
+    _assert_no_leftovers()

@@ -421,44 +421,49 @@ class _Sandbox:
 
     def __init__(self, source: str, entry_point: str, limits: Limits, isolation: str):
         self.limits, self.isolation = limits, isolation
+        # Encoded first, before anything is held: any text is a program (lone surrogates pass through as
+        # bytes the sandbox's compile refuses, so the verdict is the completion's, never the run's).
+        requests = [part.encode("utf-8", "surrogatepass") for part in (source, entry_point)]
         interpreter = _interpreter()
         if interpreter is None and isolation != "none":
             raise SandboxUnavailable("no Python interpreter readable by other users for the sandbox; install "
                                      "python3 under /usr or run as a non-root user")
         python, roots = interpreter if isolation != "none" else (sys.executable, [])
         mb = 1024 * 1024
+        self.process, self.workdir, self.uid = None, None, None
         self.stdout, self.stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         requests_read, self.requests = os.pipe()
-        os.set_blocking(self.requests, False)
         self.replies, replies_write = os.pipe()
-        launcher = ["-I", "-S", "-c", _LAUNCHER, *map(str, (
-            limits.cpu_s, limits.memory_mb * mb // limits.processes, limits.file_size_mb * mb,
-            limits.open_files, limits.processes, requests_read, replies_write))]
-        self.workdir = None
-        if isolation == "bwrap":
-            command, cwd, env = _bwrap_command(python, roots, limits.tmpfs_mb * mb), "/", {}
-        elif isolation == "unshare":
-            command, cwd, env = _unshare_command(python, roots, limits.tmpfs_mb * mb), "/", {}
-        else:
-            self.workdir = tempfile.mkdtemp(prefix="poise-sandbox-")
-            command, cwd, env = [python], self.workdir, {"PATH": SANDBOX_PATH, "HOME": self.workdir}
-        self.uid = _FREE_UIDS.get() if isolation != "none" and os.geteuid() == 0 else None
-        self.start = time.monotonic()
-        self.deadline = self.start + limits.timeout_s
         try:
+            os.set_blocking(self.requests, False)
+            launcher = ["-I", "-S", "-c", _LAUNCHER, *map(str, (
+                limits.cpu_s, limits.memory_mb * mb // limits.processes, limits.file_size_mb * mb,
+                limits.open_files, limits.processes, requests_read, replies_write))]
+            if isolation == "bwrap":
+                command, cwd, env = _bwrap_command(python, roots, limits.tmpfs_mb * mb), "/", {}
+            elif isolation == "unshare":
+                command, cwd, env = _unshare_command(python, roots, limits.tmpfs_mb * mb), "/", {}
+            else:
+                self.workdir = tempfile.mkdtemp(prefix="poise-sandbox-")
+                command, cwd, env = [python], self.workdir, {"PATH": SANDBOX_PATH, "HOME": self.workdir}
+            self.uid = _FREE_UIDS.get() if isolation != "none" and os.geteuid() == 0 else None
+            self.start = time.monotonic()
+            self.deadline = self.start + limits.timeout_s
             self.process = subprocess.Popen(
                 command + launcher, stdin=subprocess.DEVNULL, stdout=self.stdout, stderr=self.stderr, cwd=cwd,
                 env=env, pass_fds=(requests_read, replies_write), start_new_session=True,
                 user=self.uid, group=self.uid, extra_groups=[] if self.uid is not None else None,
             )
+            for payload in requests:
+                self._send(payload)
         except BaseException:
+            if self.process is not None:
+                _kill(self.process)
             self._release()
             raise
         finally:
             os.close(requests_read)
             os.close(replies_write)
-        self._send(source.encode("utf-8", "surrogateescape"))
-        self._send(entry_point.encode())
 
     def _send(self, payload: bytes) -> None:
         """Write a request before the deadline; a program that stops reading gets the rest never (its reply

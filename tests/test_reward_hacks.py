@@ -6,6 +6,8 @@ tricks, and attacks on the judge's channel itself."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -178,3 +180,32 @@ def test_every_hack_scores_zero_as_an_unprivileged_user(isolation):
         shutil.rmtree(staging, ignore_errors=True)
     assert run.returncode == 0, run.stderr[-2000:]
     _assert_only_canonical_pass(names, json.loads(run.stdout.splitlines()[-1]))
+
+
+_OPTIMIZED_DRIVER = """
+import json, sys
+from poise_trl.tasks.humaneval import TASK, grade_batch
+rows = {row["id"]: row for row in TASK.build_rows(None, {}, "all", None, 0)}
+problems = [rows[f"HumanEval/{number}"] for number in (0, 52, 13)]
+completions = ["```python\\n    return None\\n```"] * 3 + [f"```python\\n{row['answer']}\\n```" for row in problems]
+verifiers = [{**row["verifier"], "code_sandbox": sys.argv[1]} for row in problems * 2]
+print(json.dumps([reward for reward, _ in grade_batch(completions, verifiers)]))
+"""
+
+
+@pytest.mark.skipif(not WORKING, reason="neither bubblewrap nor unshare isolates here")
+def test_return_none_scores_zero_under_python_optimize():
+    """Asserts vanish under -O: the tests are recorded checks compiled with optimize=0, so `return None`
+    still scores 0 with PYTHONOPTIMIZE set (issue 49, item 2); the canonical solutions still score 1."""
+    env = {**os.environ, "PYTHONOPTIMIZE": "2", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = subprocess.run([sys.executable, "-c", _OPTIMIZED_DRIVER, WORKING[0]], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == [0.0] * 3 + [1.0] * 3
+
+
+def test_the_judge_refuses_in_one_line_where_assert_false_does_not_raise(monkeypatch):
+    monkeypatch.setattr(sandbox, "compile", lambda *args, **kwargs: compile("pass", "", "exec"), raising=False)
+    with pytest.raises(sandbox.SandboxUnavailable, match="`assert False` does not raise") as refused:
+        sandbox.judge_many([("def f():\n    return 1\n", "f", lambda f: f())])
+    assert "\n" not in str(refused.value)

@@ -670,6 +670,13 @@ def judge_many(jobs: list[tuple[str, str, Callable]], limits: Limits = Limits(),
 
     "passed" only when `check` returns and every call gave a value; a sandbox lives limits.timeout_s at most.
     """
+    try:  # compiled with optimize=0, as the checks must be: refuse a process where asserts still do not hold
+        exec(compile("assert False", "judge-self-test", "exec", optimize=0), {})
+    except AssertionError:
+        pass
+    else:
+        raise SandboxUnavailable("`assert False` does not raise in this process, so no check can fail here: "
+                                 "restore builtins.AssertionError and the interpreter's assert handling")
     isolation = resolve_mode(mode)
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         return list(pool.map(lambda job: _judge(*job, limits, isolation), jobs))

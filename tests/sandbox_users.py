@@ -48,5 +48,12 @@ def can_switch_user() -> str | None:
     return None
 
 
-def system_python() -> str:
-    return "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
+def venv_under_tmp(venv: Path) -> str:
+    """A venv of the system python3 at `venv` (under /tmp, which the sandbox's own /tmp covers), readable by
+    the test user; its python."""
+    python = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    for path in [venv, *venv.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o755)
+    return str(venv / "bin" / "python3")

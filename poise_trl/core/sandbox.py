@@ -553,6 +553,7 @@ class _Sandbox:
                 command, cwd, env = [python], self.workdir, {"PATH": SANDBOX_PATH, "HOME": self.workdir}
             self.uid = _FREE_UIDS.get() if isolation != "none" and os.geteuid() == 0 else None
             self.start, self.host_cpu = time.monotonic(), time.thread_time()
+            self.cpu_read, self.cpu_read_at = 0.0, self.start
             # a judged sandbox's clock is its CPU time (`left`); the wall clock ends one that sleeps or blocks
             self.wall_deadline = self.start + limits.timeout_s * (WALL_FACTOR if entry_point else 1)
             self.process = subprocess.Popen(
@@ -591,8 +592,11 @@ class _Sandbox:
         """Seconds left of timeout_s on the sandbox's own clock: the CPU time of its processes plus the CPU
         time this thread spent on it (decoding its replies, running the checks on them). Not wall clock: the
         grading threads share one interpreter lock, so a neighbour's decoding would use up the time of a
-        solution that has long replied; the wall clock only ends what uses no CPU (`wall_deadline`)."""
-        return self.limits.timeout_s - self.cpu_s() - (time.thread_time() - self.host_cpu)
+        solution that has long replied; the wall clock only ends what uses no CPU (`wall_deadline`). The
+        sandbox's part is read from /proc at most every POLL_SLICE_S."""
+        if time.monotonic() - self.cpu_read_at >= POLL_SLICE_S:
+            self.cpu_read, self.cpu_read_at = self.cpu_s(), time.monotonic()
+        return self.limits.timeout_s - self.cpu_read - (time.thread_time() - self.host_cpu)
 
     def _ready(self, fd: int, event: int) -> bool:
         """Whether `fd` becomes ready for `event` before the sandbox's time (or the wall clock) is up."""

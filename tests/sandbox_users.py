@@ -30,13 +30,18 @@ def stage(folder: Path) -> Path:
     return folder
 
 
-def run_as_user(python: str, code: str, staging: Path, home: Path | None = None, timeout: float = 300):
-    """`python -c code` with the staged package first on its path, as TEST_UID when we are root."""
+def user_command(python: str, code: str, staging: Path, home: Path | None = None) -> tuple[list[str], dict]:
+    """(argv, environment) of `python -c code` with the staged package first on its path, as TEST_UID when we
+    are root."""
     switch = [] if os.geteuid() != 0 else ["setpriv", f"--reuid={TEST_UID}", f"--regid={TEST_UID}",
                                             "--clear-groups"]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(staging), "HOME": str(home or staging)}
-    return subprocess.run([*switch, python, "-c", code], capture_output=True, text=True, cwd=staging,
-                          timeout=timeout, env=env)
+    return [*switch, python, "-c", code], {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(staging),
+                                           "HOME": str(home or staging)}
+
+
+def run_as_user(python: str, code: str, staging: Path, home: Path | None = None, timeout: float = 300):
+    command, env = user_command(python, code, staging, home)
+    return subprocess.run(command, capture_output=True, text=True, cwd=staging, timeout=timeout, env=env)
 
 
 def can_switch_user() -> str | None:
@@ -48,5 +53,12 @@ def can_switch_user() -> str | None:
     return None
 
 
-def system_python() -> str:
-    return "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
+def venv_under_tmp(venv: Path) -> str:
+    """A venv of the system python3 at `venv` (under /tmp, which the sandbox's own /tmp covers), readable by
+    the test user; its python."""
+    python = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    for path in [venv, *venv.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o755)
+    return str(venv / "bin" / "python3")

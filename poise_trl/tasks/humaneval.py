@@ -6,6 +6,7 @@ problem's `check(candidate)` runs here (`core.sandbox.judge_many`). Details: doc
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import math
@@ -99,20 +100,42 @@ def build_program(completion: str, verifier: dict) -> str | None:
     return prompt + code
 
 
+class _RecordedAsserts(ast.NodeTransformer):
+    """`assert test, message` becomes `__record__(lambda: test)`: a failed assert no longer ends the tests, so
+    every call is sent whatever the earlier answers were, and a sandbox (or a neighbour watching it) learns
+    from the calls it gets nothing about which of its answers were wrong; the verdict comes after the last."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        condition = ast.Lambda(ast.arguments([], [], None, [], [], None, []), self.visit(node.test))
+        return ast.copy_location(ast.Expr(ast.Call(ast.Name("__record__", ast.Load()), [condition], [])), node)
+
+
 @functools.lru_cache(maxsize=256)
 def _compiled_tests(prompt: str, test: str):
-    return compile(f"{prompt}\n\n{test}", "humaneval-test.py", "exec")
+    tree = ast.fix_missing_locations(_RecordedAsserts().visit(ast.parse(f"{prompt}\n\n{test}")))
+    return compile(tree, "humaneval-test.py", "exec", optimize=0)  # -O must not drop the checks left
+
+
+def _holds(condition: Callable) -> bool:
+    try:
+        return bool(condition())
+    except Exception:  # a TypeError on a wrong answer is a failed check; the proxy's abort is no Exception
+        return False
 
 
 def trusted_check(verifier: dict) -> Callable:
     """The problem's `check(candidate)`, run here: its prompt (helpers such as HumanEval/32's `poly`, from
-    the dataset, never from the completion) and tests, in a fresh namespace."""
-    namespace = {"__name__": "humaneval_check"}
-    exec(_compiled_tests(verifier["prompt"], verifier["test"]), namespace)  # the dataset's own code
+    the dataset, never from the completion) and tests, in a fresh namespace, every assert recorded and judged
+    after the last call (AssertionError then, when any failed)."""
 
     def check(candidate):
+        held = []
+        namespace = {"__name__": "humaneval_check", "__record__": lambda condition: held.append(_holds(condition))}
+        exec(_compiled_tests(verifier["prompt"], verifier["test"]), namespace)  # the dataset's own code
         namespace[verifier["entry_point"]] = candidate  # HumanEval/33's tests call it by its name too
         namespace["check"](candidate)
+        if not all(held):
+            raise AssertionError(f"{held.count(False)} of {len(held)} checks failed")
 
     return check
 

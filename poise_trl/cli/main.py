@@ -77,7 +77,8 @@ app = typer.Typer(
     cls=OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
-    help="poise-trl: RL with verifiable rewards on one node (POISE, AsyPPO, VAPO, REINFORCE++, DAPO, GRPO, RLOO).",
+    help="poise-trl: RL with verifiable rewards on one machine or several (POISE, AsyPPO, VAPO, REINFORCE++, "
+         "DAPO, GRPO, RLOO).",
 )
 toy_app = typer.Typer(cls=OneLineErrors, no_args_is_help=True,
                       help="The tiny-model world: build the bundled actor and critic.")

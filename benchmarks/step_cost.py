@@ -131,7 +131,7 @@ class TakeTurns(TrainerCallback):
 
 class PhaseClock:
     """Wall time inside chosen methods of chosen classes, patched in this arm's process only: where a
-    step's time goes. A subclass's override that calls the base method (POISE's generation capture around
+    step's time goes. A subclass's override that calls the base method (the seam's generation capture around
     TRL's generate) is timed apart from it."""
 
     def __init__(self, methods: dict[str, tuple[type, str]]):
@@ -175,9 +175,10 @@ def step_phases(kind: str) -> PhaseClock:
     if kind == "poise":
         from poise_trl.algorithms.poise import POISETrainer
         from poise_trl.probe.estimator import ProbeEstimator
+        from poise_trl.seam.grpo import GRPOSeam
 
         methods.update({
-            "generate_with_capture": (POISETrainer, "_generate_single_turn"),
+            "generate_with_capture": (GRPOSeam, "_generate_single_turn"),  # the seam serves POISE's features
             "poise_advantages": (POISETrainer, "compute_advantages"),
             "probe_predict": (ProbeEstimator, "predict"),
             "probe_refit": (ProbeEstimator, "update"),

@@ -24,6 +24,7 @@ from poise_trl.engines.generation import keep_cpu_engine_weights_reloadable, res
 from poise_trl.run.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
 from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
+from poise_trl.run.tools import ToolRuntime
 from poise_trl.seam.grpo import GRPOSeam
 from poise_trl.seam.vllm import server_generation
 from poise_trl.tasks import is_task, load_prompt_dataset, refuse_near_miss
@@ -110,20 +111,30 @@ class Run:
         return str(self.folder.checkpoint) if self.folder.checkpoint else None
 
 
-def rollout_mode(settings, algorithm) -> dict:
-    """The recipe's `tools`, `environment` and `rollout_func`, imported, as TRL's GRPOTrainer takes them."""
+def rollout_mode(settings, algorithm, tokenizer) -> tuple[dict, ToolRuntime | None]:
+    """The recipe's `tools`, `environment` and `rollout_func`, imported, as TRL's GRPOTrainer takes them; tools and
+    environments run in worker processes within the recipe's limits (`run/tools.py`)."""
     given = {key: path for key, path in (("tools", settings.tools), ("environment_factory", settings.environment),
                                          ("rollout_func", settings.rollout_func)) if path}
     if given and not issubclass(algorithm.trainer_class, GRPOSeam):
         raise RecipeError(f"algo {algorithm.name} cannot take tools, an environment or a rollout function (its TRL "
                           "trainer has no rollout modes): use a GRPO-based algo, or remove them from the recipe")
-    if "tools" in given:
-        tools = [given["tools"]] if isinstance(given["tools"], str) else given["tools"]
-        given["tools"] = [import_callable(path, "tool") for path in tools]
-    for key, what in (("environment_factory", "environment"), ("rollout_func", "rollout function")):
-        if key in given:
-            given[key] = import_callable(given[key], what)
-    return given
+    if "rollout_func" in given:
+        given["rollout_func"] = import_callable(given["rollout_func"], "rollout function")
+    if "tools" not in given and "environment_factory" not in given:
+        return given, None
+    tool_paths = [settings.tools] if isinstance(settings.tools, str) else list(settings.tools or [])
+    runtime = ToolRuntime(tool_paths, settings.environment, settings.tool_timeout, settings.tool_result_tokens,
+                          tokenizer)
+    if tool_paths:
+        given["tools"] = runtime.tools([import_callable(path, "tool") for path in tool_paths])
+    if settings.environment:
+        environment_class = import_callable(settings.environment, "environment")
+        if not isinstance(environment_class, type):
+            raise RecipeError(f"environment {settings.environment!r} is not a class: give module:Class, a class "
+                              "whose public methods are the tools")
+        given["environment_factory"] = runtime.environment_factory(environment_class)
+    return given, runtime
 
 
 def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = False,
@@ -149,7 +160,9 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
     reward_names = settings.rewards if reward_funcs is None else None  # the recipe's spelling, for errors
     reward_funcs = reward_funcs if reward_funcs is not None else get_reward_functions(settings.rewards)
     check_reward_functions(reward_funcs, train_set, tokenizer, reward_names)  # one line, before the folder
-    rollout = rollout_mode(settings, algorithm)
+    rollout, tool_runtime = rollout_mode(settings, algorithm, tokenizer)
+    if tool_runtime is not None:
+        reward_funcs = tool_runtime.counting_turns(reward_funcs)
     peft_config = build_peft_config(settings.peft)
     folder = plan_output_dir(args, plan.recipe, overwrite)
     run = Run(plan, model_path, tokenizer, train_set, eval_set, folder)
@@ -175,6 +188,8 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
             processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks, **rollout,
         )
     run.eval_callback.trainer = trainer
+    if tool_runtime is not None:
+        tool_runtime.attach(trainer)
     if show_progress:
         trainer.remove_callback(PrinterCallback)  # the live display replaces the raw log dicts
     run.algorithm_callbacks = trainer.run_callbacks  # the trainer added them (`TrainerSeam.init_counters`)

@@ -22,6 +22,11 @@ from poise_trl.core.loading import PACKAGE_ROOT, RecipeError
 if TYPE_CHECKING:
     from poise_trl.algorithms.base import Algorithm
 
+# Tool limits (run/tools.py), here so that a recipe is checked before anything heavy loads.
+DEFAULT_TOOL_TIMEOUT_S = 10.0
+DEFAULT_TOOL_RESULT_TOKENS = 512
+DEFAULT_TOOL_TURNS = 8  # max_tool_calling_iterations when a recipe has tools (TRL's default: no limit)
+
 
 class _RecipeLoader(yaml.SafeLoader):
     """YAML 1.1 reads `1e-6` as a string; recipes are full of such learning rates."""
@@ -64,10 +69,13 @@ class RunSettings:
     system_prompt: str | None = None
     task_config: dict[str, Any] | None = None  # the task family's own keys when `dataset` names a task
     rewards: list[str] | None = None  # None: `task` for a task dataset, else `math_accuracy`
-    # TRL's rollout modes beyond one turn, each by import path `module:name` (docs/training.md, "Rollout modes"):
+    # TRL's rollout modes beyond one turn, each by import path `module:name` (docs/recipes.md, tools):
     tools: list[str] | None = None  # functions the model may call during its rollout
     environment: str | None = None  # a class: one instance per rollout, its public methods the tools
     rollout_func: str | None = None  # rollout_func(prompts, trainer) -> dict: builds the completions itself
+    # Limits of tools and environments (run/tools.py); the turn limit is max_tool_calling_iterations (8 here).
+    tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S  # seconds a call may run before its process is killed
+    tool_result_tokens: int = DEFAULT_TOOL_RESULT_TOKENS  # a longer result is cut
     peft: dict[str, Any] | None = None
     eval_every: int = 10
     eval_num_samples: int = 4
@@ -258,8 +266,9 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
                      "logging_steps", "save_steps", "save_total_limit", "eval_num_samples", "eval_max_new_tokens",
                      "eval_batch_size", "dataset_size", "eval_limit", "budget_tokens", "budget_rollouts",
                      "budget_eval_points", "num_generations", "probe_buffer_rows", "probe_prompt_components",
-                     "probe_response_components", "num_train_epochs", "gpus", "ddp_timeout"), (0, math.inf, True)),
-    **dict.fromkeys(("learning_rate", "temperature", "repetition_penalty"), (0, math.inf, True)),
+                     "probe_response_components", "num_train_epochs", "gpus", "ddp_timeout", "tool_result_tokens",
+                     "max_tool_calling_iterations"), (0, math.inf, True)),
+    **dict.fromkeys(("learning_rate", "temperature", "repetition_penalty", "tool_timeout"), (0, math.inf, True)),
     **dict.fromkeys(("eval_every", "warmup_steps", "beta", "epsilon", "epsilon_high", "weight_decay", "max_grad_norm",
                      "probe_bootstrap_steps", "probe_ridge_alpha", "eval_temperature", "seed", "data_seed"),
                     (0, math.inf, False)),
@@ -345,6 +354,9 @@ def parse_recipe(recipe: dict, output_dir: str | None = None) -> RunPlan:
         settings.rewards = ["task"] if is_task(settings.dataset) else ["math_accuracy"]
     elif isinstance(settings.rewards, str):  # `rewards: math_accuracy`
         settings.rewards = [settings.rewards]
+    takes_turn_limit = "max_tool_calling_iterations" in algorithm.config_class.__dataclass_fields__
+    if (settings.tools or settings.environment) and takes_turn_limit:
+        config_kwargs = {"max_tool_calling_iterations": DEFAULT_TOOL_TURNS, **config_kwargs}
     if isinstance(settings.dataset, list):  # a task mix: the algorithm's settings for one (the recipe's win)
         config_kwargs = {**algorithm.task_mix_settings, **config_kwargs}
     args = build_config(algorithm, config_kwargs, output_dir)

@@ -28,6 +28,7 @@ from poise_trl.tasks.family import TaskError, TaskFamily
 FAMILIES: dict[str, str] = {
     "reasoning-gym": "poise_trl.tasks.reasoning_gym",
     "bfcl": "poise_trl.tasks.bfcl",
+    "bfcl-multi": "poise_trl.tasks.bfcl_multi",
     "ifeval": "poise_trl.tasks.ifeval",
     "humaneval": "poise_trl.tasks.humaneval",
     "math": "poise_trl.tasks.math_sets",

@@ -182,6 +182,25 @@ def test_every_row_ends_early_so_generate_stops_before_the_limit():
     assert_features_close(captured, reference)
 
 
+def test_prompts_of_one_length_where_generate_passes_no_mask():
+    """transformers >= 5.24 gives the model no attention mask when no prompt is padded; the capture then counts
+    every position, as a mask of ones would (the hook below makes this transformers behave so)."""
+    model = random_qwen3(seed=6)
+
+    def drop_a_mask_of_ones(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and bool(mask.all()):
+            kwargs["attention_mask"] = None
+        return args, kwargs
+
+    model.register_forward_pre_hook(drop_a_mask_of_ones, with_kwargs=True)  # before the capture's hooks
+    prompts = random_prompts([6, 6, 6], seed=7)  # one length: nothing to pad
+    captured, reference, completions = captured_and_reference(model, prompts, eos=EOS, think=THINK, pad=PAD,
+                                                              n_pool=3)
+    assert all(len(c) == 8 for c in completions)  # every row ran to the limit: the closing step had no mask
+    assert_features_close(captured, reference)
+
+
 def test_padding_with_the_eos_token():
     """A tokenizer without a pad token pads with EOS (TRL then sets pad = EOS): a row that has finished
     goes on feeding EOS, which must not count as its end again."""

@@ -332,6 +332,8 @@ class GenerationCapture(ForwardHooks):
             self._pending_logits = []
 
     def _read_prefill(self, hidden: torch.Tensor, mask) -> None:
+        if mask is None:  # transformers >= 5.24 passes no mask where no prompt is padded: every position counts
+            mask = torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
         if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or tuple(mask.shape) != tuple(hidden.shape[:2]):
             raise CaptureUnavailable(
                 "generate's first forward is not one prefill of the whole prompts with a 2D attention mask "
@@ -352,6 +354,8 @@ class GenerationCapture(ForwardHooks):
     def _read_decode(self, hidden: torch.Tensor, ids, mask) -> None:
         rows = self._ring.shape[0]
         written = len(self._fed) + 1  # completion tokens every live row has fed, this one included
+        if mask is None:  # as in `_read_prefill`
+            mask = torch.ones(rows, self._prompt_width + written, dtype=torch.long)
         if (
             tuple(hidden.shape[:2]) != (rows, 1)
             or not isinstance(ids, torch.Tensor)
@@ -411,6 +415,9 @@ class GenerationCapture(ForwardHooks):
         the hooked block."""
         kwargs = dict(self._step_kwargs or {})
         mask = kwargs.get("attention_mask")
+        if mask is None and self._prompt is not None:  # as in `_read_prefill`: the mask of the last step fed
+            mask = torch.ones(len(self._ended_at), self._prompt_width + len(self._fed), dtype=torch.long,
+                              device=self._ring.device)
         # generate passes its KV cache as `past_key_values` (transformers < 5.24) or `cache` (>= 5.24)
         cache = kwargs.get("past_key_values", kwargs.get("cache"))
         if cache is None or not isinstance(mask, torch.Tensor) or mask.dim() != 2:

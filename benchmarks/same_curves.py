@@ -54,18 +54,18 @@ def main() -> int:
     parser.add_argument("--output", help="JSON report to write")
     parser.add_argument("--note", default="", help="what A and B are (code versions, machine)")
     parser.add_argument("--added", action="append", default=[], metavar="KEY",
-                        help="a summary field the later version added (absent from A): left out at any depth, and "
-                             "listed")
+                        help="a summary field the later version added: left out of B at any depth where A lacks it "
+                             "(a pair whose A has it compares it), and listed per pair")
     cli = parser.parse_args()
     if len(cli.runs) % 2:
         parser.error("give run folders in pairs")
     pairs = []
     for a, b in zip(cli.runs[::2], cli.runs[1::2], strict=True):
         sa, sb = (json.loads((Path(p) / "summary.json").read_text()) for p in (a, b))
-        if any(has_key(sa, key) for key in cli.added):
-            parser.error(f"{a} has a field given as --added: compare it")
-        found = differences(comparable(sa), comparable(sb, frozenset(cli.added)))
+        added = sorted(key for key in cli.added if not has_key(sa, key))
+        found = differences(comparable(sa), comparable(sb, frozenset(added)))
         pairs.append({"a": Path(a).name, "b": Path(b).name, "algo": sa.get("algo"), "identical": not found,
+                      "added_in_b": added,
                       "steps": sa.get("steps"), "heldout_accuracy": [p["accuracy"] for p in sa["heldout_history"]],
                       "train_log_entries": len(sa["train_log"]), "differences": found[:20]})
         print(f"{a} vs {b}: {'identical' if not found else f'{len(found)} differences, e.g. {found[:3]}'}")

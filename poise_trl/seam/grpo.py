@@ -294,6 +294,8 @@ class GRPOSeam(TrainerSeam, GRPOTrainer):
             self.generated_tokens += int(tokens)
             self.generated_rollouts += int(rollouts)
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.round is None:  # called outside a round (TRL calls it inside one; tests call it alone)
+            self.round = Round(inputs)
         record = self.round
         record.rewards_per_func = rewards_per_func
         record.completion_lengths = self.accelerator.gather(torch.tensor(lengths, device=self.accelerator.device))

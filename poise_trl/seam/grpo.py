@@ -57,6 +57,7 @@ class Round:
 
     inputs: list[dict]  # this process's rows, after prompt selection
     rewards_per_func: torch.Tensor | None = None  # (B_global, n_reward_functions), in generation order
+    weighted_rewards: torch.Tensor | None = None  # (B_global,): the reward functions' weighted sum, None as 0
     rewards: list[float] = field(default_factory=list)  # the weighted reward TRL logs, all processes' rows
     completion_lengths: torch.Tensor | None = None  # (B_global,)
     features: RolloutFeatures | None = None  # this process's rows, when the algorithm declares a feature_need
@@ -122,9 +123,7 @@ class GRPOSeam(TrainerSeam, GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if self.feature_need is not None:
             self.round.features, self.round.feature_source = self.round_features(output)
-        per_func = self.round.rewards_per_func
-        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
-        advantages = self.compute_advantages(rewards, output)
+        advantages = self.compute_advantages(self.round.weighted_rewards, output)
         if advantages is not None:
             self.log_advantages(advantages, output["completion_mask"])
             output["advantages"] = advantages
@@ -300,9 +299,9 @@ class GRPOSeam(TrainerSeam, GRPOTrainer):
         record.rewards_per_func = rewards_per_func
         record.completion_lengths = self.accelerator.gather(torch.tensor(lengths, device=self.accelerator.device))
         weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
-        rewards = (rewards_per_func * weights).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # every function said None
-        record.rewards = rewards.tolist()
+        record.weighted_rewards = (rewards_per_func * weights).nansum(dim=1)
+        unscored = torch.isnan(rewards_per_func).all(dim=1)  # every function said None: logged as NaN
+        record.rewards = torch.where(unscored, torch.nan, record.weighted_rewards).tolist()
         if "task" in inputs[0]:
             tasks = gather_object([row["task"] for row in inputs])
             self.log_task_rewards(tasks, record.rewards)

@@ -41,9 +41,11 @@ def node_rank(environ=os.environ) -> int:
 def versions() -> dict[str, str]:
     found = {}
     for name in VERSIONED:
-        try:
-            vllm = " ".join(vllm_distribution() or ["not installed"])
-            found[name] = vllm if name == "vllm" else metadata.version(name)
+        try:  # vLLM ships as `vllm` or as a CPU build under another distribution name
+            if name == "vllm":
+                found[name] = " ".join(vllm_distribution() or ["not installed"])
+            else:
+                found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = "not installed"
     return found

@@ -37,7 +37,7 @@ from poise_trl.core.metrics import calibration_bins, mean_or_none
 from poise_trl.core.provenance import package_versions, pyplot, write_json
 from poise_trl.probe.capture import extract_prompt_vectors
 from poise_trl.probe.estimator import PROBE_INPUTS, ProbeEstimator, probe_metrics
-from poise_trl.probe.features import RolloutFeatures, decoder_layers, resolve_layer_index
+from poise_trl.probe.features import FEATURE_SPANS, RolloutFeatures, decoder_layers, resolve_layer_index
 from poise_trl.seam.grpo import FEATURE_SOURCES, FeatureNeed, GRPOSeam
 from poise_trl.seam.trainer import checkpoint_folder
 
@@ -55,6 +55,9 @@ class POISEConfig(ProcessRewardArguments, DAPOLoss, GRPOConfig):
     probe_layer: float = setting(0.55, "Decoder block whose output feeds the probe: a fraction of depth in (0, 1] "
                                        "(0.55 -> block 19 of Qwen3-4B's 36) or an integer block index.")
     probe_pool_tokens: int = setting(10, "Hidden states averaged for the prompt and the response vector.")
+    probe_span: str = setting("last_turn", "With tools, the policy turns the response vector and entropies read "
+                                           "(tool results never): 'last_turn' (the answer) or 'all_turns' (the last "
+                                           "probe_pool_tokens of each turn, every turn's entropies).")
     probe_prompt_components: int = setting(32, "PCA dims of the prompt vector.")
     probe_response_components: int = setting(64, "PCA dims of the response vector.")
     probe_use_pca: bool = setting(True, "False: ridge on the standardized raw features (no PCA).")
@@ -84,6 +87,8 @@ class POISEConfig(ProcessRewardArguments, DAPOLoss, GRPOConfig):
             raise ValueError("POISE needs num_generations >= 2: each rollout's baseline comes from another rollout")
         if self.probe_fit not in ("fast", "exact"):
             raise ValueError(f"probe_fit must be 'fast' or 'exact', got {self.probe_fit!r}")
+        if self.probe_span not in FEATURE_SPANS:
+            raise ValueError(f"probe_span must be one of {FEATURE_SPANS}, got {self.probe_span!r}")
         if self.probe_inputs not in PROBE_INPUTS:
             raise ValueError(f"probe_inputs must be one of {PROBE_INPUTS}, got {self.probe_inputs!r}")
         if self.prompt_selection_pool < 2:
@@ -141,7 +146,8 @@ class POISETrainer(ProcessRewardMixin, GRPOSeam):
         # Without a `</think>` token the response vector pools the last completion tokens.
         self.think_end_id = think_end if think_end != self.processing_class.unk_token_id else -1
         self.probe_layer_index = self._resolve_layer()
-        self.feature_need = FeatureNeed(self.probe_layer_index, cfg.probe_pool_tokens, self.think_end_id)
+        self.feature_need = FeatureNeed(self.probe_layer_index, cfg.probe_pool_tokens, self.think_end_id,
+                                        cfg.probe_span)
         self.probe_history: list[dict] = []
         self.check_groups_stay_on_one_process(
             "a prompt's rollouts would straddle two processes and the cross-rollout pairs would break"

@@ -163,16 +163,19 @@ def extract_features(
     batch_size: int,
     temperature: float = 1.0,
     n_pool: int = 10,
+    feature_mask: torch.Tensor | None = None,
 ) -> dict[int, RolloutFeatures]:
-    """{block index: RolloutFeatures} of B rollouts from ONE chunked no-grad pass in eval mode."""
+    """{block index: RolloutFeatures} of B rollouts from ONE chunked no-grad pass in eval mode; the features read
+    the completion tokens of `feature_mask` (default: `completion_mask`; `probe.features.policy_span`)."""
     layer_list = [layers] if isinstance(layers, Real) else list(layers)
     device = next(model.parameters()).device
     T = completion_ids.shape[1]
     was_training = model.training
+    read = completion_mask if feature_mask is None else feature_mask
     model.eval()
     try:
         with torch.no_grad(), HiddenStateCapture(model, layer_list, n_pool) as cap:
-            cap.set_batch(prompt_mask, completion_ids, completion_mask, think_end_id)
+            cap.set_batch(prompt_mask, completion_ids, read, think_end_id)
             entropies = []
             for start in range(0, prompt_ids.shape[0], batch_size):
                 rows = slice(start, start + batch_size)
@@ -193,7 +196,7 @@ def extract_features(
         model.train(was_training)
     entropy = torch.cat(entropies)
     return {
-        layer: build_rollout_features(prompt, response, entropy, completion_ids, completion_mask, think_end_id)
+        layer: build_rollout_features(prompt, response, entropy, completion_ids, read, think_end_id)
         for layer, (prompt, response) in pooled.items()
     }
 

@@ -198,14 +198,43 @@ def pooling_positions(
     think_end_id: int,
     n_pool: int = 10,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(prompt_index, prompt_valid, response_index, response_valid), each (B, <=n_pool): where to pool."""
+    """(prompt_index, prompt_valid, response_index, response_valid), each (B, k): where to pool. The response
+    pools the last `n_pool` tokens of each run of `completion_mask` (a policy turn, `policy_span`), ending at
+    the run's last `</think>`; a single-turn completion is one run."""
     P = prompt_mask.shape[1]
     prompt_index, prompt_valid = last_n(prompt_mask.bool(), n_pool)
     valid = completion_mask.bool()
-    end = last_think_end(completion_ids, completion_mask, think_end_id)[:, None]
-    pos = torch.arange(completion_ids.shape[1], device=completion_ids.device)[None, :]
-    response_index, response_valid = last_n(valid & ((pos <= end) | (end < 0)), n_pool)
+    pos = torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
+    turn = turns(valid)
+    last = torch.full(valid.shape[:1] + (valid.shape[1] + 1,), -1, device=valid.device)
+    last_think = last.scatter_reduce(1, turn, torch.where(valid & (completion_ids == think_end_id), pos, -1), "amax")
+    end = torch.where(last_think >= 0, last_think, last.scatter_reduce(1, turn, torch.where(valid, pos, -1), "amax"))
+    end = end.gather(1, turn)  # the position each token's window ends at
+    seen = torch.cumsum(valid, dim=1)
+    window = valid & (pos <= end) & (seen.gather(1, end.clamp(min=0)) - seen < n_pool)
+    response_index, response_valid = last_n(window, max([n_pool, *window.sum(1).tolist()]))
     return prompt_index, prompt_valid, response_index + P, response_valid
+
+
+FEATURE_SPANS = ("last_turn", "all_turns")
+
+
+def policy_span(completion_mask: torch.Tensor, tool_mask: torch.Tensor | None, span: str) -> torch.Tensor:
+    """(B, T) the completion tokens the features read: the policy's own (`tool_mask` 1, TRL's mask of tool
+    results in the loss; None: every token), of its last turn or of all its turns (docs/algorithms.md)."""
+    own = completion_mask.bool() if tool_mask is None else completion_mask.bool() & tool_mask.bool()
+    if span not in FEATURE_SPANS:
+        raise ValueError(f"the feature span must be one of {FEATURE_SPANS}, got {span!r}")
+    if span == "all_turns":
+        return own
+    turn = turns(own)
+    return turn == turn.amax(dim=1, keepdim=True).clamp(min=1)
+
+
+def turns(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) long: 1, 2, ... numbering the runs of True in each row of `mask` (B, T) bool, 0 outside them."""
+    starts = mask & ~torch.nn.functional.pad(mask[:, :-1], (1, 0))
+    return torch.cumsum(starts, dim=1) * mask
 
 
 def pool_hidden(hidden: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

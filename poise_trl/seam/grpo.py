@@ -34,7 +34,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from poise_trl.core.completions import per_completion_advantages
 from poise_trl.core.distributed import summed_over_processes
 from poise_trl.probe.capture import CaptureUnavailable, GenerationCapture, HiddenStateCapture
-from poise_trl.probe.features import RolloutFeatures, build_rollout_features
+from poise_trl.probe.features import RolloutFeatures, build_rollout_features, policy_span
 from poise_trl.seam.trainer import TrainerSeam
 
 FEATURE_SOURCES = ("trl_pass", "generation", "extra_pass")
@@ -43,12 +43,14 @@ FEATURE_SOURCES = ("trl_pass", "generation", "extra_pass")
 @dataclass(frozen=True)
 class FeatureNeed:
     """What an algorithm reads from the policy every training round: the output of decoder block `layer`,
-    pooled over the last `pool_tokens` prompt tokens and the last `pool_tokens` response tokens ending at the
-    last `think_end_id` (-1: the completion's end), and the token entropies (`probe.features`)."""
+    pooled over the last `pool_tokens` prompt tokens and the last `pool_tokens` response tokens of each policy
+    turn in `span` ending at its last `think_end_id` (-1: the turn's end), and the token entropies of the
+    policy's own tokens in `span` (`probe.features`; tool results are never read)."""
 
     layer: int
     pool_tokens: int
     think_end_id: int
+    span: str = "last_turn"  # or "all_turns" (FEATURE_SPANS)
 
 
 @dataclass
@@ -90,6 +92,7 @@ class GRPOSeam(TrainerSeam, GRPOTrainer):
         self._features_in_pass = False  # the next no-grad policy pass reads the features
         self._capture_generation = False  # the next generate call reads the features
         self._pass_features: RolloutFeatures | None = None
+        self._tool_mask: list[list[int]] | None = None  # this round's, from TRL's `_generate` (1: the policy's)
         self._generation_capture: GenerationCapture | None = None
         self._fallback_warned: set[str] = set()
         self._keep_loss_forward = False
@@ -228,7 +231,8 @@ class GRPOSeam(TrainerSeam, GRPOTrainer):
         if self.use_transformers_continuous_batching:
             return "transformers continuous batching generates the completions"
         if self.rollout_func is not None or self.tools or self.environment_factories is not None:
-            return "a rollout function or tool calls build the completions from several generate calls"
+            return ("a rollout function or tool calls build the completions from several generate calls, each "
+                    "fed the previous turns and tool results as its prompt")
         if self._is_vlm:
             return "a vision-language model"
         if self.is_fsdp_enabled or self.is_deepspeed_enabled:
@@ -329,7 +333,7 @@ class GRPOSeam(TrainerSeam, GRPOTrainer):
                             **kwargs):
         need = self.feature_need
         completion_ids = input_ids[:, -logits_to_keep:]
-        completion_mask = attention_mask[:, -logits_to_keep:]
+        completion_mask = self._policy_span(attention_mask[:, -logits_to_keep:], need.span)
         with HiddenStateCapture(self.accelerator.unwrap_model(model), [need.layer], need.pool_tokens) as capture:
             capture.set_batch(attention_mask[:, :-logits_to_keep], completion_ids, completion_mask, need.think_end_id)
             with capture.capturing():
@@ -340,6 +344,21 @@ class GRPOSeam(TrainerSeam, GRPOTrainer):
         self._pass_features = build_rollout_features(
             prompt_vec, response_vec, entropies, completion_ids, completion_mask, need.think_end_id)
         return logps, entropies if compute_entropy else None, aux
+
+    def _policy_span(self, completion_mask: torch.Tensor, span: str) -> torch.Tensor:
+        """The tokens of this round's completions the features read: TRL's `tool_mask` (tool results 0, as in
+        its loss) padded as TRL pads it, then the span (`probe.features.policy_span`)."""
+        tool_mask = None
+        if self._tool_mask is not None:
+            tool_mask = torch.ones_like(completion_mask)
+            for row, own in enumerate(self._tool_mask):
+                tool_mask[row, : len(own)] = torch.tensor(own[: tool_mask.shape[1]])
+        return policy_span(completion_mask, tool_mask, span)
+
+    def _generate(self, prompts):
+        out = super()._generate(prompts)
+        self._tool_mask = out[2]  # TRL 1.16: tool_mask (or a rollout function's env_mask) is the third
+        return out
 
     def _generate_single_turn(self, *args, **kwargs):
         if not self._capture_generation:

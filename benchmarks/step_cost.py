@@ -7,6 +7,10 @@ Pairs (each on the bundled tiny model, toy-arith, 32 prompts x 2 rollouts per st
 - `trl_pass`: the same with num_iterations 2 (TRL runs a no-grad pass, which POISE's features ride);
 - `vllm_colocate`: the same with vLLM's CPU build colocated (vLLM's importance-sampling correction makes
   TRL run a no-grad pass);
+- `multi_turn`: POISE vs GRPO with tools on: the toy model taught to call an `add` tool and answer after its
+  result (`probe_spans_multi_turn.py`'s world, taught once per run of this script unless `--model` gives one),
+  TRL's tool loop building each rollout from two generate calls; POISE reads its features on one extra pass
+  (the policy's own tokens, tool results masked);
 - `wrapper`: GRPO through `poise train` (train.train_from_recipe, its callbacks, progress display and
   checkpoint markers) vs TRL's GRPOTrainer in a plain script: same model, rows, reward function and
   GRPOConfig settings (the settings that differ, output folder and progress display, are recorded).
@@ -62,6 +66,8 @@ from transformers import TrainerCallback
 from poise_trl.core.loading import resolve_model_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# One tool call and one answer per rollout; the completion holds the call, the result and the answer.
+TOOLS_ON = {"tools": ["probe_spans_multi_turn:add"], "max_tool_calling_iterations": 1, "max_completion_length": 160}
 PAIRS = {
     # pair: (arm A, arm B); an arm is (kind, recipe file, overrides)
     # The harness's own check: two identical GRPO arms; a ratio away from 1 would be the harness's bias.
@@ -70,6 +76,7 @@ PAIRS = {
     "trl_pass": (("poise", "poise.yaml", {"num_iterations": 2}), ("poise", "grpo_2.yaml", {"num_iterations": 2})),
     "vllm_colocate": (("poise", "poise.yaml", {"use_vllm": True, "vllm_mode": "colocate"}),
                       ("poise", "grpo_2.yaml", {"use_vllm": True, "vllm_mode": "colocate"})),
+    "multi_turn": (("poise", "poise.yaml", TOOLS_ON), ("poise", "grpo_2.yaml", TOOLS_ON)),
     "wrapper": (("poise", "grpo_2.yaml", {}), ("plain_trl", "grpo_2.yaml", {})),
 }
 # A learning rate whose updates (about 1e-12 per Adam step) fall below float32's resolution of the weights:
@@ -180,6 +187,7 @@ def step_phases(kind: str) -> PhaseClock:
         methods.update({
             "generate_with_capture": (GRPOSeam, "_generate_single_turn"),  # the seam serves POISE's features
             "poise_advantages": (POISETrainer, "compute_advantages"),
+            "features": (GRPOSeam, "round_features"),  # with tools: the extra pass over the whole rollouts
             "probe_predict": (ProbeEstimator, "predict"),
             "probe_refit": (ProbeEstimator, "update"),
         })
@@ -475,9 +483,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="step_cost_") as workdir:
         for name in pairs:
             started = time.perf_counter()
+            pair_shape = shape
+            if name == "multi_turn" and not cli.model:
+                from probe_spans_multi_turn import teach
+
+                teach(Path(workdir) / "tool-qwen3", steps=80, seed=0)
+                pair_shape = {**shape, "model": str(Path(workdir) / "tool-qwen3")}
+                payload["multi_turn_model"] = "data/tiny-qwen3 taught: probe_spans_multi_turn.teach(steps=80, seed=0)"
             print(f"{name}: {cli.replicates} x ({cli.steps} + {cli.warmup}) steps per arm, interleaved ...",
                   flush=True)
-            pair = run_pair(name, cli.steps, cli.warmup, cli.replicates, cli.seed, Path(workdir), shape)
+            pair = run_pair(name, cli.steps, cli.warmup, cli.replicates, cli.seed, Path(workdir), pair_shape)
             pair["wall_seconds"] = round(time.perf_counter() - started, 1)
             payload["pairs"][name] = pair
             low, high = pair["ratio_95_interval"]

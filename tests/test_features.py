@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -17,6 +18,7 @@ from poise_trl.probe.features import (
     decoder_layers,
     entropy_span_means,
     last_think_end,
+    policy_span,
     pool_hidden,
     pooling_positions,
     resolve_layer_index,
@@ -206,6 +208,63 @@ def test_layer_features_match_hf_hidden_states(model):
     torch.testing.assert_close(feats[1].response, response, rtol=0, atol=1e-6)
     assert torch.equal(feats[1].response[3], torch.zeros(32))  # empty completion
     assert torch.equal(feats[1].entropy[3], torch.zeros(3))
+
+
+# A multi-turn completion as TRL's tool loop builds it: policy turn, tool result, policy turn (with a `</think>`),
+# tool result; `tool_mask` 0 on the results (TRL's own mask of them in the loss). The last result stands at the
+# end so that changing it can change nothing the policy's tokens see.
+TURN_ONE, RESULT, TURN_TWO, LAST_RESULT = [7, 8, 9, 10], [40, 41, 42], [11, 12, THINK, 13, 14], [43, 44]
+MULTI_TURN_TOOL_MASK = torch.tensor([[1] * 4 + [0] * 3 + [1] * 5 + [0] * 2])
+
+
+def multi_turn_features(model, last_result: list[int], span: str | None, think: int = THINK) -> tuple:
+    """The features of one multi-turn rollout read over `span` (None: every completion token), and the block-0
+    output and completion-token entropies of the same sequence, by hand."""
+    prompt_ids, prompt_mask = torch.tensor([[20, 21, 22]]), torch.ones(1, 3, dtype=torch.long)
+    completion_ids = torch.tensor([TURN_ONE + RESULT + TURN_TWO + last_result])
+    completion_mask = torch.ones_like(completion_ids)
+    read = None if span is None else policy_span(completion_mask, MULTI_TURN_TOOL_MASK, span)
+    (feats,) = extract_features(model, prompt_ids, prompt_mask, completion_ids, completion_mask, think, [0], 1,
+                                n_pool=2, feature_mask=read).values()
+    with torch.no_grad():
+        out = model(input_ids=torch.cat([prompt_ids, completion_ids], 1), output_hidden_states=True)
+    probs = torch.softmax(out.logits[0, 2:-1].double(), dim=-1)
+    return feats, out.hidden_states[1][0, 3:], -(probs * probs.log()).sum(-1)
+
+
+def test_tool_results_are_masked_out_of_the_pooled_features_and_entropies_of_either_span(model):
+    feats, hidden, entropy = multi_turn_features(model, LAST_RESULT, "last_turn")
+    # last policy turn = completion positions 7..11: the last 2 tokens up to its `</think>` (8, 9); its entropies
+    # split at the `</think>`: completion 7..11, reasoning 7..8, answer 10..11.
+    torch.testing.assert_close(feats.response[0], hidden[[8, 9]].mean(0), rtol=0, atol=1e-6)
+    expected = torch.stack([entropy[7:12].mean(), entropy[7:9].mean(), entropy[10:12].mean()]).float()
+    torch.testing.assert_close(feats.entropy[0], expected, rtol=0, atol=1e-5)
+    # all policy turns: the last 2 of each turn (2, 3 and 8, 9); entropies over both turns' 9 tokens
+    feats, _, _ = multi_turn_features(model, LAST_RESULT, "all_turns")
+    torch.testing.assert_close(feats.response[0], hidden[[2, 3, 8, 9]].mean(0), rtol=0, atol=1e-6)
+    policy = [0, 1, 2, 3, 7, 8, 9, 10, 11]
+    expected = torch.stack([entropy[policy].mean(), entropy[[0, 1, 2, 3, 7, 8]].mean(), entropy[10:12].mean()])
+    torch.testing.assert_close(feats.entropy[0], expected.float(), rtol=0, atol=1e-5)
+    # Another tool result after the policy's turns changes nothing read through the mask, with or without a
+    # `</think>`; read without the mask, it changes the entropies after the last `</think>` and, without one, the
+    # response vector, which then pools the result's tokens.
+    for span, think in itertools.product(("last_turn", "all_turns"), (THINK, -1)):
+        masked = [multi_turn_features(model, result, span, think)[0] for result in (LAST_RESULT, [50, 51])]
+        assert torch.equal(masked[0].to_matrix(), masked[1].to_matrix())
+    unmasked = [multi_turn_features(model, result, None)[0] for result in (LAST_RESULT, [50, 51])]
+    assert not torch.isclose(unmasked[0].entropy[:, [0, 2]], unmasked[1].entropy[:, [0, 2]]).any()
+    unmasked = [multi_turn_features(model, result, None, think=-1)[0] for result in (LAST_RESULT, [50, 51])]
+    assert not torch.isclose(unmasked[0].response, unmasked[1].response).any()
+
+
+def test_a_rollout_without_tool_results_reads_the_same_with_either_span():
+    completion_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    for span in ("last_turn", "all_turns"):
+        assert torch.equal(policy_span(completion_mask, None, span), completion_mask.bool())
+        assert torch.equal(policy_span(completion_mask, torch.ones_like(completion_mask), span),
+                           completion_mask.bool())
+    with pytest.raises(ValueError, match="feature span must be one of"):
+        policy_span(completion_mask, None, "first_turn")
 
 
 def test_entropy_matches_full_logits(model):

@@ -195,3 +195,38 @@ def test_an_environment_from_the_working_directory_trains(tmp_path, tool_calling
     assert log["tools/timeouts"] >= 1 and log["tools/errors"] >= 1, log
     assert "rewards/MyEnv/mean" in log  # the environment's own reward, read from its worker
     assert trainer.state.global_step == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("span", ["last_turn", "all_turns"])
+def test_poise_with_tools_reads_the_policys_own_tokens_on_one_extra_pass(tmp_path, tool_calling_model_dir, span):
+    """With tools, each round's features come from one extra pass (no generate call sees a whole rollout, and TRL
+    runs no pass of its own here), counted and logged; they read the span of the policy's own tokens, TRL's
+    `tool_mask` masking the tool results as in its loss: the same as `extract_features` over that span, and not
+    what reading every completion token gives."""
+    from poise_trl.probe.capture import extract_features
+    from poise_trl.probe.features import policy_span
+
+    trainer = build_trainer(toy_recipe(tool_calling_model_dir, "poise", tools=TOOLS, probe_span=span),
+                            tmp_path / "run")
+    seen = []
+
+    def compute_advantages(rewards, output):
+        need, model = trainer.feature_need, trainer.model
+        read = {name: extract_features(model, output["prompt_ids"], output["prompt_mask"], output["completion_ids"],
+                                       output["completion_mask"], need.think_end_id, [need.layer], 2,
+                                       trainer.temperature, need.pool_tokens, mask)[need.layer]
+                for name, mask in (("span", policy_span(output["completion_mask"], output["tool_mask"], span)),
+                                   ("every_token", None))}
+        seen.append((trainer.round.features, read, output["tool_mask"] * output["completion_mask"]))
+        return type(trainer).compute_advantages(trainer, rewards, output)
+
+    trainer.compute_advantages = compute_advantages
+    log = trained_log(trainer)
+    assert trainer.feature_need.span == span
+    assert trainer.feature_sources == {"trl_pass": 0, "generation": 0, "extra_pass": 1}
+    assert log["probe/features_from_extra_pass"] == 1.0
+    ((features, read, own),) = seen
+    assert (own == 0).any()  # the rollouts hold tool results
+    torch.testing.assert_close(features.to_matrix(), read["span"].to_matrix(), rtol=0, atol=1e-5)
+    assert not torch.allclose(features.entropy, read["every_token"].entropy, atol=1e-3)

@@ -3,9 +3,13 @@ of them, tool results masked either way, and what happens without the mask.
 
 The world: the bundled toy model (`data/tiny-qwen3`) taught, on training problems only, to answer a toy-arith
 question in two turns with one tool, `add`: a call copying the operands from the question, then, after TRL's tool
-loop has fed back the result, `\\boxed{<the result>}`. Its rollouts on the 200 held-out questions come from TRL's
-own tool loop (`GRPOTrainer` with `tools=`, through the seam's `score_round`), `--samples` per question, for
-each `--seeds` (a fresh sampling seed each). Each rollout's features are read three ways: `last_turn` and
+loop has fed back the result, `\\boxed{<the result>}`. The taught model copies digits poorly (its calls rarely
+carry the question's operands), so a rollout succeeds where its answer reports the tool's result
+(`reports_tool_result`), and the questions are those of levels 1 and 2 (the 100 held-out questions with operands
+of one or two digits; on longer results a copy almost never holds: 2% success over all levels in a trial run).
+Its rollouts on the first `--questions` of them come from TRL's own tool loop
+(`GRPOTrainer` with `tools=`, through the seam's `score_round`), `--samples` per question, for each `--seeds` (a
+fresh sampling seed each). Each rollout's features are read three ways: `last_turn` and
 `all_turns` (`probe.features.policy_span`, what POISE reads), and `unmasked` (every completion token, tool
 result included: what POISE read before issue 52). For each of `--splits` seeded splits of the questions (half
 train, half held out), a probe (POISE's `LinearValueProbe`, leave-one-out targets as in training) is fit on the
@@ -15,13 +19,16 @@ Reported per span: the mean over seeds x splits and a 95% percentile interval ov
 and the paired difference last_turn - all_turns with its interval over the same cells (splits of one seed share
 the rollouts: the interval says how much the verdict depends on the split and the sampling seed).
 
-    python benchmarks/probe_spans_multi_turn.py [--seeds 0 1 2] [--samples 4] [--splits 10] [--sft-steps 300]
-        [--output benchmarks/results/probe_spans_multi_turn.json]
+    python benchmarks/probe_spans_multi_turn.py [--seeds 0 1] [--samples 4] [--questions 100] [--splits 20]
+        [--sft-steps 200] [--model DIR] [--output benchmarks/results/probe_spans_multi_turn.json]
+
+`--model DIR` keeps the taught model there (taught when DIR does not exist yet, reused when it does).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -48,12 +55,13 @@ from poise_trl.probe.features import (
     token_entropy,
     turns,
 )
-from poise_trl.tasks import load_prompt_dataset
+from poise_trl.tasks import completion_text, load_prompt_dataset
 from poise_trl.tasks.toy_task import generate_problems
 
 READS = (*FEATURE_SPANS, "unmasked")
+MAX_LEVEL = 2  # operands of 1 and 2 digits: the taught model's copies of 3- and 4-digit results almost never hold
 LAYER, POOL = 0.55, 10  # the toy recipe's probe_layer (block 2 of 4) and POISE's default pooled tokens
-PROBE = {"prompt_components": 2, "response_components": 8, "ridge_alpha": 10.0}  # probe_eval's cap at these sizes
+PROBE = {"prompt_components": 2, "response_components": 8, "ridge_alpha": 10.0}  # small: 50 train questions x 4
 
 
 def add(a: int, b: int) -> int:
@@ -64,6 +72,16 @@ def add(a: int, b: int) -> int:
         b: An integer.
     """
     return a + b
+
+
+def reports_tool_result(completions, **kwargs) -> list[float]:
+    """1.0 where the final answer, `\\boxed{...}`, is the result the tool returned in the rollout."""
+    rewards = []
+    for messages in completions:
+        results = [m["content"] for m in messages if m.get("role") == "tool"]
+        answer = re.search(r"\\boxed\{([^}]*)\}", completion_text(messages))
+        rewards.append(float(bool(results) and answer is not None and answer.group(1).strip() == results[-1]))
+    return rewards
 
 
 def conversation(tokenizer, question: str, a: int, b: int) -> tuple[str, list[tuple[int, int]]]:
@@ -156,13 +174,15 @@ def collect(model_dir: Path, seed: int, samples: int, questions: int, workdir: P
     from poise_trl.run.build import build_run
     from poise_trl.run.recipe import parse_recipe
 
-    recipe = {"algo": "grpo", "model": str(model_dir), "dataset": "toy-arith", "rewards": ["math_accuracy"],
-              "tools": [f"{Path(__file__).stem}:add"], "max_tool_calling_iterations": 1, "num_generations": samples,
+    here = Path(__file__).stem
+    recipe = {"algo": "grpo", "model": str(model_dir), "dataset": "toy-arith",
+              "rewards": [f"{here}:reports_tool_result"], "tools": [f"{here}:add"], "max_tool_calling_iterations": 1,
+              "num_generations": samples,
               "per_device_train_batch_size": 8 * samples, "max_completion_length": 160, "temperature": 1.0,
               "seed": seed, "save_strategy": "no", "eval_every": 0, "eval_limit": 1, "max_steps": 1}
     trainer = build_run(parse_recipe(recipe, str(workdir / f"seed{seed}")), overwrite=True).trainer
     trainer.model.train()
-    rows = load_prompt_dataset("toy-arith", split="test").to_list()[:questions]
+    rows = [row for row in load_prompt_dataset("toy-arith", split="test") if row["level"] <= MAX_LEVEL][:questions]
     features = {read: [] for read in READS}
     rewards, policy_turns = [], []
     torch.manual_seed(seed)
@@ -209,7 +229,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--samples", type=int, default=4, help="rollouts per held-out question")
-    parser.add_argument("--questions", type=int, default=64, help="held-out questions (the first of the 200)")
+    parser.add_argument("--questions", type=int, default=100, help="held-out questions (the first of levels 1-2)")
     parser.add_argument("--splits", type=int, default=20, help="seeded half/half splits of the questions")
     parser.add_argument("--sft-steps", type=int, default=200, help="steps teaching the tool use (8 rows each)")
     parser.add_argument("--model", default=None, help="a taught model folder to reuse (default: teach one)")

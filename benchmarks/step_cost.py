@@ -487,9 +487,9 @@ def main() -> None:
             if name == "multi_turn" and not cli.model:
                 from probe_spans_multi_turn import teach
 
-                teach(Path(workdir) / "tool-qwen3", steps=40, seed=0)
+                teach(Path(workdir) / "tool-qwen3", steps=200, seed=0)
                 pair_shape = {**shape, "model": str(Path(workdir) / "tool-qwen3")}
-                payload["multi_turn_model"] = "data/tiny-qwen3 taught: probe_spans_multi_turn.teach(steps=40, seed=0)"
+                payload["multi_turn_model"] = "data/tiny-qwen3 taught: probe_spans_multi_turn.teach(steps=200, seed=0)"
             print(f"{name}: {cli.replicates} x ({cli.steps} + {cli.warmup}) steps per arm, interleaved ...",
                   flush=True)
             pair = run_pair(name, cli.steps, cli.warmup, cli.replicates, cli.seed, Path(workdir), pair_shape)

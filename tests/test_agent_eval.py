@@ -1,5 +1,5 @@
 """Evaluation of tool-calling conversations (poise_trl/evaluation/agent.py): `poise bench` and `poise probe-eval`
-run a recipe's tools and environment through run/tools.py's workers within the recipe's limits, a taught tiny model
+run a recipe's tools and environment through engines/tools.py's workers within the recipe's limits, a taught tiny model
 calls them and answers from their results, and the whole conversation is kept; bfcl-multi writes and grades BFCL's
 multi-turn result format, call strings read with `ast` only."""
 
@@ -124,7 +124,7 @@ def test_bench_answers_through_the_recipes_tools_and_keeps_the_conversation(taug
     record = records[0]
     assert [m["role"] for m in record["messages"]] == ["assistant", "tool", "assistant"]
     assert record["messages"][0]["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 1, "b": 2}}
-    assert record["messages"][1] == {"role": "tool", "name": "add", "content": "3"}  # run in run/tools.py's worker
+    assert record["messages"][1] == {"role": "tool", "name": "add", "content": "3"}  # run in engines/tools.py's worker
     assert record["text"] == "\\boxed{3}" and record["num_tokens"] < len(CALL) + 20  # the policy's tokens only
     assert [r["correct"] for r in records] == [i % 4 < 2 for i in range(len(records))]
     metrics, records = bench(taught_model, workspace / "without", "--engine", "transformers")
@@ -166,9 +166,9 @@ def test_probe_eval_reads_the_policys_own_tokens_of_conversations(taught_model, 
 def test_policy_features_leave_the_tool_results_out(tiny_random_model_dir):
     """The model reads the tool results; the features' pooled positions and entropy spans do not: with the tool
     result masked the features equal those of the same pass where only the policy's tokens count."""
+    from poise_trl.core.loading import load_causal_lm
     from poise_trl.evaluation.probe_eval import policy_token_features
     from poise_trl.probe.capture import extract_features
-    from poise_trl.core.loading import load_causal_lm
 
     model = load_causal_lm(str(tiny_random_model_dir))
     torch.manual_seed(0)

@@ -161,7 +161,8 @@ def test_a_per_turn_episode_is_its_result_line_and_its_tools_replay_the_turns_be
         steps = [f"<tool_call>{block}" for block in row["answer"].split("<tool_call>")[1:]]  # a message a call
         line = result_line(steps, verifier)
         entry = next(e for e in entries("base") if e["id"] == verifier["id"])
-        assert line["result"][: verifier["turn"]] == [[t] if t else [] for t in entry["ground_truth"][: verifier["turn"]]]
+        replayed = entry["ground_truth"][: verifier["turn"]]
+        assert line["result"][: verifier["turn"]] == [[turn] if turn else [] for turn in replayed]
         assert len(line["result"][-1]) == len(steps) == len(entry["ground_truth"][verifier["turn"]])
         assert score_conversation(steps, verifier) == 1.0 and score_conversation(steps[:-1], verifier) == 0.0
         session, world = ToolSession(verifier), World(entry)

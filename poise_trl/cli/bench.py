@@ -81,6 +81,7 @@ def bench(
     from poise_trl.evaluation.agent import RecipeTools
     from poise_trl.evaluation.bench_data import BenchError, DataRequest
     from poise_trl.evaluation.bench_reports import compare_results, eval_results, model_id
+    from poise_trl.run.recipe import recipe_tools
 
     names = names or []
     try:
@@ -99,7 +100,7 @@ def bench(
             max_new_tokens=max_new_tokens, output_dir=output_dir, seed=seed,
             data_files=_data_files(data_file or [], names, preset), batch_size=batch_size, overwrite=overwrite,
             show_progress=not no_progress, preset=preset, name=name, engine=engine,
-            tools=RecipeTools.from_recipe(tools_from) if tools_from else None,
+            tools=RecipeTools(**recipe_tools(tools_from)) if tools_from else None,
             request=DataRequest(split=split, limit=limit, columns=columns or None, config=config,
                                     task_config=parse_key_values(task_config or [], "--task-config")),
         )

@@ -92,6 +92,8 @@ def probe_eval(
     also per task, and a transfer table: the probe fit on one task, scored on each other task.
     """
     from poise_trl.evaluation import probe_eval as lib
+    from poise_trl.evaluation.agent import RecipeTools
+    from poise_trl.run.recipe import recipe_tools
 
     try:
         if not model or not dataset:
@@ -109,7 +111,7 @@ def probe_eval(
             prompt_components=prompt_components, response_components=response_components, ridge_alpha=ridge_alpha,
             value_model=value_model, value_target=value_target, value_epochs=value_epochs, value_lr=value_lr,
             value_batch_size=value_batch_size, batch_size=batch_size, output_dir=str(output_dir), engine=engine,
-            tools_from=str(tools_from) if tools_from else None,
+            tools=RecipeTools(**recipe_tools(tools_from)) if tools_from else None,
         )
         report = lib.run_probe_eval(settings, show_progress=not no_progress)
     except user_errors() as exc:

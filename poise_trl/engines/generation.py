@@ -153,9 +153,9 @@ def render_prompts(tokenizer, prompts: Sequence[list[dict] | str],
     """Conversational prompts -> strings with the generation prompt appended (thinking kept on); a string is a
     prompt rendered already (a tool-calling conversation's context, evaluation/agent.py)."""
     require_chat_template(tokenizer)
-    return [p if isinstance(p, str) else
-            tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {}))
-            for p in prompts]
+    kwargs = chat_template_kwargs or {}
+    return [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
+                                                                       **kwargs) for p in prompts]
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ spent. As in TRL the budget holds the whole rollout, the policy's tokens and the
 pass it is dropped and ends the rollout; the context grows by concatenation (the chat template's tool-result suffix),
 never re-rendered, and `tool_mask` marks the tool results' tokens. The tools are:
 
-- a recipe's `tools` / `environment` (`RecipeTools`), run by `run/tools.py` as in training: killable workers, the
+- a recipe's `tools` / `environment` (`RecipeTools`), run by `engines/tools.py` as in training: killable workers, the
   recipe's `tool_timeout` and `tool_result_tokens`, an error line for a call that raises, hangs or does not fit; the
   calls parsed by TRL's `parse_response`, an environment reset with the row and pooled as TRL pools it;
 - a task whose family opens tool sessions (`TaskFamily.tool_session`; bfcl-multi: BFCL's backends replayed to the
@@ -21,7 +21,6 @@ import hashlib
 import inspect
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from trl.chat_template_utils import (
     add_response_schema,
@@ -30,17 +29,10 @@ from trl.chat_template_utils import (
     parse_response,
 )
 
-from poise_trl.core.loading import import_callable
+from poise_trl.core.loading import RecipeError, import_callable
 from poise_trl.engines.generation import Engine, Sample
-from poise_trl.run.recipe import (
-    DEFAULT_TOOL_RESULT_TOKENS,
-    DEFAULT_TOOL_TIMEOUT_S,
-    DEFAULT_TOOL_TURNS,
-    RecipeError,
-    RunSettings,
-    load_recipe,
-)
-from poise_trl.run.tools import ToolRuntime
+from poise_trl.engines.tool_worker import DEFAULT_TOOL_RESULT_TOKENS, DEFAULT_TOOL_TIMEOUT_S, DEFAULT_TOOL_TURNS
+from poise_trl.engines.tools import ToolRuntime
 from poise_trl.tasks import completion_text, get_family
 
 
@@ -53,18 +45,6 @@ class RecipeTools:
     max_turns: int = DEFAULT_TOOL_TURNS
     result_tokens: int = DEFAULT_TOOL_RESULT_TOKENS
     timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
-
-    @classmethod
-    def from_recipe(cls, path: str | Path) -> RecipeTools:
-        recipe = load_recipe(path)
-        tools = recipe.get("tools") or ()
-        if not tools and not recipe.get("environment"):
-            raise RecipeError(f"recipe {path} has no tools and no environment to evaluate with: give one that has "
-                              "(tools: [module:function] or environment: module:Class)")
-        return cls((tools,) if isinstance(tools, str) else tuple(tools), recipe.get("environment"),
-                   recipe.get("max_tool_calling_iterations") or DEFAULT_TOOL_TURNS,
-                   recipe.get("tool_result_tokens", RunSettings.tool_result_tokens),
-                   recipe.get("tool_timeout", RunSettings.tool_timeout))
 
 
 class RecipeSession:
@@ -88,7 +68,7 @@ class RecipeSession:
                 for call in parsed.get("tool_calls") or [] if call.get("type") == "function"]
 
     def call(self, name: str, arguments) -> str:
-        try:  # TRL's rule: any failure is an error for the model; run/tools.py's stand-ins raise its line
+        try:  # TRL's rule: any failure is an error for the model; engines/tools.py's stand-ins raise its line
             if name not in self.tools:
                 raise ValueError(f"Tool {name} not found.")
             return str(self.tools[name](**arguments))
@@ -258,7 +238,7 @@ class AgentEngine(Engine):
             return
         results = [{"role": "tool", "name": name, "content": rollout.session.call(name, arguments)}
                    for name, arguments in calls]
-        if not isinstance(rollout.session, RecipeSession):  # run/tools.py cut the recipe's results already
+        if not isinstance(rollout.session, RecipeSession):  # engines/tools.py cut the recipe's results already
             results = [{**result, "content": self.toolbox.runtime.clip(result["content"])} for result in results]
         suffix = tool_suffix(tokenizer, results, self.toolbox.template_kwargs.get("chat_template"))
         suffix_ids = tokenizer(suffix, add_special_tokens=False)["input_ids"]

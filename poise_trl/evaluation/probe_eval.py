@@ -8,6 +8,7 @@ per-task scores and a transfer table. Protocol: docs/algorithms.md ("probe-eval"
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -15,7 +16,6 @@ import os
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
-import dataclasses
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -109,7 +109,7 @@ class ProbeEvalSettings:
     batch_size: int = 64
     output_dir: str = "runs/probe-eval"
     engine: str = "auto"  # what samples the rollouts: auto, vllm or transformers (generation.resolve_engine)
-    tools_from: str | None = None  # a recipe whose tools or environment the rollouts call (evaluation/agent.py)
+    tools: RecipeTools | None = None  # a recipe's tools or environment the rollouts call (evaluation/agent.py)
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -655,7 +655,7 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
                                       system_prompt=s.system_prompt, limit=s.limit, seed=s.seed,
                                       column_option="--{role}-column COLUMN")
     n = s.n_samples
-    tools = RecipeTools.from_recipe(s.tools_from) if s.tools_from else None
+    tools = s.tools
     benchmark = BENCHMARKS.get(source) if isinstance(source, str) else None
     max_new_tokens = s.max_new_tokens or (benchmark.max_new_tokens if benchmark else DEFAULT_MAX_NEW_TOKENS)
     sampling = {"model": model_path, "model_fingerprint": model_fingerprint(model_path), "dataset": source,

@@ -290,8 +290,8 @@ class ToolSession:
     turn, each call dispatched on it as the reward runs it."""
 
     def __init__(self, verifier: dict):
-        entry = entry_of(verifier)
-        self.world, self.available = replayed_world(entry, verifier["turn"]), available_functions(entry, verifier["turn"])
+        entry, turn = entry_of(verifier), verifier["turn"]
+        self.world, self.available = replayed_world(entry, turn), available_functions(entry, turn)
 
     def calls(self, text: str, ids: list[int], context: str) -> list[tuple[str, dict]]:
         """The calls of one assistant message, read as the reward reads them."""

@@ -1,4 +1,5 @@
-"""A recipe's tools and environment, run where a hang can be killed, within the recipe's limits.
+"""A recipe's tools and environment, run where a hang can be killed, within the recipe's limits (training's
+rollouts and the evaluation tools' conversations, `evaluation/agent.py`).
 
 TRL's GRPOTrainer calls a rollout's tools in its own process and turns an exception into `{"error": ...}` for the
 model, but a call that hangs stalls the run. Here every call runs in a child process that is killed, and replaced,
@@ -25,7 +26,7 @@ import inspect
 from transformers import TrainerCallback
 
 from poise_trl.core.distributed import summed_over_processes
-from poise_trl.run.tool_worker import CallTimeout, ToolError, Worker
+from poise_trl.engines.tool_worker import CallTimeout, ToolError, Worker
 
 
 def _signature(function, bound: bool) -> inspect.Signature:

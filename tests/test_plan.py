@@ -155,7 +155,7 @@ def test_a_recipe_with_tools_plans_the_schema_trl_renders_into_each_prompt_and_i
               "rewards": [VARYING_REWARD], "save_strategy": "no"}
     tools = {"tools": ["fixtures.user_rollouts:add", "fixtures.user_rollouts:hang"], "max_tool_calling_iterations": 3,
              "tool_result_tokens": 64}
-    plain, tooled = (build_trainer(recipe | extra, tmp_path / name) for name, extra in (("plain", {}), ("tools", tools)))
+    plain, tooled = (build_trainer(recipe | extra, tmp_path / name) for name, extra in (("a", {}), ("b", tools)))
     prompts = [plain.train_dataset[i]["prompt"] for i in range(4)]
     rendered = [[len(ids) for ids in trainer._tokenize_prompts(prompts)[0]] for trainer in (plain, tooled)]
     inputs = plan_inputs(parse_recipe(recipe | tools), prompt_length=max(rendered[0]))
@@ -165,7 +165,8 @@ def test_a_recipe_with_tools_plans_the_schema_trl_renders_into_each_prompt_and_i
     memory = build_plan(inputs, shape, gpus=1, gpu_bytes=64 * GIB, sharding=Sharding(), device="cpu")
     assert memory.tokens_per_micro_batch == 4 * (max(rendered[1]) + 96)
     activations = next(item for item in memory.items if item.name == "activations")
-    assert "4 turns and 3 rounds of tool results of <= 64 tokens, all within max_completion_length 96" in activations.note
+    assert "4 turns and 3 rounds of tool results of <= 64 tokens, all within max_completion_length 96" in \
+        activations.note
     without = build_plan(plan_inputs(parse_recipe(recipe), prompt_length=max(rendered[0])), shape, gpus=1,
                          gpu_bytes=64 * GIB, sharding=Sharding(), device="cpu")
     assert next(i for i in without.items if i.name == "activations").bytes < activations.bytes

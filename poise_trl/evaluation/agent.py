@@ -18,7 +18,6 @@ never re-rendered, and `tool_mask` marks the tool results' tokens. The tools are
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 from dataclasses import dataclass, field
 
@@ -29,10 +28,10 @@ from trl.chat_template_utils import (
     parse_response,
 )
 
-from poise_trl.core.loading import RecipeError, import_callable
+from poise_trl.core.loading import import_callable
 from poise_trl.engines.generation import Engine, Sample
 from poise_trl.engines.tool_worker import DEFAULT_TOOL_RESULT_TOKENS, DEFAULT_TOOL_TIMEOUT_S, DEFAULT_TOOL_TURNS
-from poise_trl.engines.tools import ToolRuntime
+from poise_trl.engines.tools import ToolRuntime, environment_class, environment_tools
 from poise_trl.tasks import completion_text, get_family
 
 
@@ -56,9 +55,7 @@ class RecipeSession:
         self.tools = {tool.__name__: tool for tool in toolbox.functions}
         if environment is not None:
             self.observation = environment.reset(**row)
-            self.tools |= {name: getattr(environment, name) for name, _ in
-                           inspect.getmembers(type(environment), predicate=inspect.isfunction)
-                           if name not in ("reset", "get_reward") and not name.startswith("_")}
+            self.tools |= {method.__name__: method for method in environment_tools(environment)}
 
     def calls(self, text: str, ids: list[int], context: str) -> list[tuple[str, dict]]:
         tokenizer = self.toolbox.tokenizer
@@ -89,14 +86,9 @@ class Toolbox:
         self.functions = self.runtime.tools(functions) if functions else []
         self.schema, self.pool, self.lent = list(functions), [], 0
         if self.recipe.environment:
-            environment = import_callable(self.recipe.environment, "environment")
-            if not isinstance(environment, type):
-                raise RecipeError(f"environment {self.recipe.environment!r} is not a class: give module:Class")
-            self.environment = self.runtime.environment_factory(environment)
+            self.environment = self.runtime.environment_factory(environment_class(self.recipe.environment))
             self.pool.append(self.environment())  # as TRL: one instance gives the schema, then serves rollouts
-            self.schema += [getattr(self.pool[0], name) for name, _ in
-                            inspect.getmembers(environment, predicate=inspect.isfunction)
-                            if name not in ("reset", "get_reward") and not name.startswith("_")]
+            self.schema += environment_tools(self.pool[0])
 
         # TRL's tool loop renders with a prefix-preserving template, swapping in its training one where needed
         template = None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)

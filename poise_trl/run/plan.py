@@ -430,11 +430,11 @@ def build_plan(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: i
     sequence = inputs.prompt_length + inputs.tool_schema_tokens + inputs.completion_length
     tokens = inputs.rows * sequence
     layer = layer_activation_bytes(shape, tokens, compute, residual)
-    rows = f"{inputs.rows} rows x {sequence} tokens"
-    if inputs.tool_turns:
-        rows += (f" (prompt {inputs.prompt_length} + tool schema {inputs.tool_schema_tokens} + {inputs.tool_turns + 1} "
-                 f"turns and {inputs.tool_turns} rounds of tool results of <= {inputs.tool_result_tokens} tokens, all "
-                 f"within max_completion_length {inputs.completion_length})")
+    rows, turns = f"{inputs.rows} rows x {sequence} tokens", inputs.tool_turns
+    if turns:
+        rows += (f" (prompt {inputs.prompt_length} + tool schema {inputs.tool_schema_tokens} + {turns + 1} turns and "
+                 f"{turns} rounds of tool results of <= {inputs.tool_result_tokens} tokens, all within "
+                 f"max_completion_length {inputs.completion_length})")
     if inputs.gradient_checkpointing:
         activations = shape.num_layers * tokens * shape.hidden_size * residual + layer
         act_note = f"{rows}, checkpointed: block inputs + 1 block"

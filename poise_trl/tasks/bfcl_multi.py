@@ -132,12 +132,11 @@ def available_functions(entry: dict, turn: int) -> set[str]:
     return {doc["name"] for doc in function_docs(entry, turn)}
 
 
-def check_turns(entry: dict, model_turns: list[list[list[tuple]]], first_turn: int = 0) -> dict:
+def check_turns(entry: dict, model_turns: list[list[list[tuple]]]) -> dict:
     """BFCL's multi-turn check (multi_turn_checker.multi_turn_checker) on our own instances: for each turn, the
     model's steps (each a list of calls) run on the model's world, the ground truth on another; a turn that needs
     calls and has none, a state that differs or a ground-truth result missing from the model's results so far
-    fails the entry. Turns before `first_turn` are replayed from the ground truth on both worlds (per-turn
-    episodes). {"valid": bool, ...BFCL's error fields}."""
+    fails the entry. The check ends with the model's last turn. {"valid": bool, ...BFCL's error fields}."""
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (  # noqa: PLC0415 - optional package
         response_checker,
         state_checker,
@@ -149,7 +148,7 @@ def check_turns(entry: dict, model_turns: list[list[list[tuple]]], first_turn: i
         available = available_functions(entry, turn)
         truth_calls = ground_truth_calls(truth)
         truth_results = [truth_world.call(*call, available) for call in truth_calls]
-        steps = [truth_calls] if turn < first_turn else model_turns[turn - first_turn]
+        steps = model_turns[turn]
         model_results += [model_world.call(*call, available) for step in steps for call in step]
         if not truth:
             continue
@@ -159,7 +158,7 @@ def check_turns(entry: dict, model_turns: list[list[list[tuple]]], first_turn: i
                       response_checker(model_results, truth_results, turn)):
             if not check["valid"]:
                 return {**check, "turn": turn}
-        if turn - first_turn + 1 == len(model_turns):
+        if turn + 1 == len(model_turns):
             break
     return {"valid": True}
 
@@ -227,11 +226,12 @@ def build_rows(variant: str | None, config: dict, split: str, size: int | None, 
 _ENTRIES: dict[str, dict[str, dict]] = {}
 
 
-def entry_of(verifier: dict) -> dict:
-    category = verifier["category"]
+def entry_of(entry_id: str) -> dict:
+    """An entry by its id (`multi_turn_miss_func_3`), its category's entries read once."""
+    category = entry_id.removeprefix("multi_turn_").rsplit("_", 1)[0]
     if category not in _ENTRIES:
         _ENTRIES[category] = {entry["id"]: entry for entry in entries(category)}
-    return _ENTRIES[category][verifier["id"]]
+    return _ENTRIES[category][entry_id]
 
 
 # --------------------------------------------------------------------------------- BFCL's result-file format
@@ -247,7 +247,7 @@ def result_line(steps: list[str], verifier: dict) -> dict:
     `result` holds, per turn, per step, the decoded call strings multi_turn_checker reads; the turns before the
     episode's turn as replayed from the ground truth (one step each), the episode's turn as the model's assistant
     messages `steps` (those with calls). The line stops at the episode's turn."""
-    entry = entry_of(verifier)
+    entry = entry_of(verifier["id"])
     replayed = [[turn] if turn else [] for turn in entry["ground_truth"][: verifier["turn"]]]
     model = [[call_string(*call) for call in calls] for calls in map(model_calls, steps)]
     return {"id": entry["id"], "result": [*replayed, [step for step in model if step]]}
@@ -265,13 +265,8 @@ def check_result_line(line: dict) -> dict:
             except CallError:
                 continue
         return calls
-    entry = _entry_by_id(line["id"])
+    entry = entry_of(line["id"])
     return check_turns(entry, [[readable(step) for step in turn] for turn in line["result"]])
-
-
-def _entry_by_id(entry_id: str) -> dict:
-    category = entry_id.removeprefix("multi_turn_").rsplit("_", 1)[0]
-    return entry_of({"category": category, "id": entry_id})
 
 
 def score_conversation(steps: list[str], verifier: dict) -> float:
@@ -290,7 +285,7 @@ class ToolSession:
     turn, each call dispatched on it as the reward runs it."""
 
     def __init__(self, verifier: dict):
-        entry, turn = entry_of(verifier), verifier["turn"]
+        entry, turn = entry_of(verifier["id"]), verifier["turn"]
         self.world, self.available = replayed_world(entry, turn), available_functions(entry, turn)
 
     def calls(self, text: str, ids: list[int], context: str) -> list[tuple[str, dict]]:

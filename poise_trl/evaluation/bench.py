@@ -292,10 +292,9 @@ def run_benchmarks(
         for dataset, settings in plans:
             name = settings["benchmark"]
             if generator is not None:
-                conversing = toolbox is not None or task_tools(dataset)
-                agent = AgentEngine(generator, toolbox or Toolbox(generator.tokenizer), dataset.to_list(), batch_size)
-                finish_benchmark(agent if conversing else generator, dataset, settings, done[name], output_dir / name,
-                                 batch_size, progress)
+                sampler = (AgentEngine(generator, toolbox or Toolbox(generator.tokenizer), dataset.to_list(),
+                                       batch_size) if toolbox is not None or task_tools(dataset) else generator)
+                finish_benchmark(sampler, dataset, settings, done[name], output_dir / name, batch_size, progress)
             write_bfcl_results(done[name], dataset, output_dir / name)
             results[name] = {"settings": settings, "metrics": dataset_metrics(done[name], dataset, num_samples)}
 

@@ -145,6 +145,33 @@ def test_plan_matches_the_measured_peak_for_a_wider_random_qwen3(tmp_path, singl
     assert abs(error) < 0.25
 
 
+@pytest.mark.slow
+def test_a_recipe_with_tools_plans_the_schema_trl_renders_into_each_prompt_and_its_turns(tmp_path,
+                                                                                        tiny_random_model_dir):
+    """The multi-turn context of a row: the prompt, the tools' schema in it (as long as in the prompt ids TRL's
+    trainer builds), then every turn and tool result within max_completion_length (TRL's cut)."""
+    recipe = {"model": str(tiny_random_model_dir), "dataset": "toy-arith", "dataset_size": 4, "eval_limit": 2,
+              "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 96,
+              "rewards": [VARYING_REWARD], "save_strategy": "no"}
+    tools = {"tools": ["fixtures.user_rollouts:add", "fixtures.user_rollouts:hang"], "max_tool_calling_iterations": 3,
+             "tool_result_tokens": 64}
+    plain, tooled = (build_trainer(recipe | extra, tmp_path / name) for name, extra in (("a", {}), ("b", tools)))
+    prompts = [plain.train_dataset[i]["prompt"] for i in range(4)]
+    rendered = [[len(ids) for ids in trainer._tokenize_prompts(prompts)[0]] for trainer in (plain, tooled)]
+    inputs = plan_inputs(parse_recipe(recipe | tools), prompt_length=max(rendered[0]))
+    assert [b - a for a, b in zip(*rendered, strict=True)] == [inputs.tool_schema_tokens] * 4
+    assert inputs.tool_schema_tokens > 100 and (inputs.tool_turns, inputs.tool_result_tokens) == (3, 64)
+    shape = ModelShape.from_config(load_model_config(inputs.model))
+    memory = build_plan(inputs, shape, gpus=1, gpu_bytes=64 * GIB, sharding=Sharding(), device="cpu")
+    assert memory.tokens_per_micro_batch == 4 * (max(rendered[1]) + 96)
+    activations = next(item for item in memory.items if item.name == "activations")
+    assert "4 turns and 3 rounds of tool results of <= 64 tokens, all within max_completion_length 96" in \
+        activations.note
+    without = build_plan(plan_inputs(parse_recipe(recipe), prompt_length=max(rendered[0])), shape, gpus=1,
+                         gpu_bytes=64 * GIB, sharding=Sharding(), device="cpu")
+    assert next(i for i in without.items if i.name == "activations").bytes < activations.bytes
+
+
 @pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: p.stem)
 def test_every_gpu_recipe_fits_80gb_cards_with_the_launch_it_states(path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # stored configs only

@@ -131,3 +131,44 @@ def test_per_turn_rows_replay_the_earlier_turns_from_the_ground_truth():
     assert prompt[-1]["content"] == "I have updated some more functions you can choose from. What about now?"
     assert all(json.loads(call["function"]["arguments"]) is not None for message in prompt
                if message["role"] == "assistant" for call in message.get("tool_calls") or [])
+
+
+def test_bfcl_result_lines_of_the_ground_truth_pass_bfcls_checks(tmp_path):
+    """BFCL's multi-turn result format (per turn, per step, decoded call strings), written and read back as a file:
+    every base entry's ground truth passes; the calls are read with `ast`, so a line's code never runs."""
+    from poise_trl.tasks.bfcl_multi import check_result_line
+
+    path = tmp_path / "BFCL_v4_multi_turn_base_result.json"
+    path.write_text("".join(json.dumps({"id": entry["id"], "result": [[turn] if turn else []
+                                                                      for turn in entry["ground_truth"]]}) + "\n"
+                            for entry in entries("base")))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sum(check_result_line(line)["valid"] for line in lines) == 200
+    planted = tmp_path / "planted"
+    line = copy.deepcopy(lines[0])
+    line["result"][0][0][0] = f"__import__('pathlib').Path({str(planted)!r}).touch()"
+    assert not check_result_line(line)["valid"] and not planted.exists()
+
+
+def test_a_per_turn_episode_is_its_result_line_and_its_tools_replay_the_turns_before_it():
+    """What bench writes for a per-turn episode: the replayed turns as the ground truth's call strings, the
+    episode's turn as the model's steps (one assistant message each); its check is the reward, and the episode's
+    tools (`ToolSession`) run the calls on a world replayed to that turn."""
+    from poise_trl.tasks.bfcl_multi import ToolSession, result_line, score_conversation
+
+    for row in task_rows("bfcl-multi:base", "test", 8, 0):
+        verifier = json.loads(row["verifier"])
+        steps = [f"<tool_call>{block}" for block in row["answer"].split("<tool_call>")[1:]]  # a message a call
+        line = result_line(steps, verifier)
+        entry = next(e for e in entries("base") if e["id"] == verifier["id"])
+        replayed = entry["ground_truth"][: verifier["turn"]]
+        assert line["result"][: verifier["turn"]] == [[turn] if turn else [] for turn in replayed]
+        assert len(line["result"][-1]) == len(steps) == len(entry["ground_truth"][verifier["turn"]])
+        assert score_conversation(steps, verifier) == 1.0 and score_conversation(steps[:-1], verifier) == 0.0
+        session, world = ToolSession(verifier), World(entry)
+        for turn in entry["ground_truth"][: verifier["turn"]]:
+            for call in ground_truth_calls(turn):
+                world.call(*call, set(world.methods))
+        for step in steps:
+            ((name, arguments),) = session.calls(step, [], "")
+            assert session.call(name, arguments) == world.call(name, [], arguments, set(world.methods))

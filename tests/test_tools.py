@@ -1,4 +1,4 @@
-"""Tools and environments run where a hang can be killed (poise_trl/run/tools.py): a tool that raises, hangs or
+"""Tools and environments run where a hang can be killed (poise_trl/engines/tools.py): a tool that raises, hangs or
 gets bad arguments answers the model with one error line, counted, and training goes on; an environment's state
 lives in its worker between calls, one instance per rollout."""
 
@@ -13,7 +13,7 @@ import torch
 from fixtures.user_rollouts import add, fail, hang
 from helpers import build_trainer
 
-from poise_trl.run.tools import ToolError, ToolRuntime
+from poise_trl.engines.tools import ToolError, ToolRuntime
 from poise_trl.run.toy import build_model, build_tokenizer
 from poise_trl.tasks import load_prompt_dataset
 

@@ -68,14 +68,20 @@ def bench(
         "auto", "--engine", help="What generates: auto (vLLM when it imports and runs the model, GPU or CPU "
                                  "build; else transformers), vllm or transformers."
     ),
+    tools_from: Path = typer.Option(
+        None, "--tools-from", help="A recipe whose tools or environment the model calls, within its limits "
+        "(max_tool_calling_iterations, tool_result_tokens, tool_timeout): every sample is a tool-calling "
+        "conversation. bfcl-multi brings its own tools."),
 ):
     """Sample, grade and score benchmarks (Avg@n, pass@k, maj@n; tasks per task and per problem); resumes an
     interrupted run. Writes
     summary.json, EvalScope reports (OUTPUT_DIR/reports/MODEL/BENCH.json) and lighteval's results layout
     (OUTPUT_DIR/results_lighteval.json)."""
     from poise_trl.evaluation import bench as lib
+    from poise_trl.evaluation.agent import RecipeTools
     from poise_trl.evaluation.bench_data import BenchError, DataRequest
     from poise_trl.evaluation.bench_reports import compare_results, eval_results, model_id
+    from poise_trl.run.recipe import recipe_tools
 
     names = names or []
     try:
@@ -94,6 +100,7 @@ def bench(
             max_new_tokens=max_new_tokens, output_dir=output_dir, seed=seed,
             data_files=_data_files(data_file or [], names, preset), batch_size=batch_size, overwrite=overwrite,
             show_progress=not no_progress, preset=preset, name=name, engine=engine,
+            tools=RecipeTools(**recipe_tools(tools_from)) if tools_from else None,
             request=DataRequest(split=split, limit=limit, columns=columns or None, config=config,
                                     task_config=parse_key_values(task_config or [], "--task-config")),
         )
@@ -160,6 +167,8 @@ def _print_summary(summary: dict, output_dir: Path) -> None:
     for key in (k for k in scores[0] if k.startswith("pass@")):
         table.add_row(key, *(f"{s[key]['value']:.3f}" for s in scores))
     table.add_row("tokens", *(f"{m['mean_tokens']:.0f}" for _, m in columns))
+    if any("mean_tool_calls" in m for _, m in columns):
+        table.add_row("tool calls", *(f"{m.get('mean_tool_calls', 0):.2f}" for _, m in columns))
     table.add_row("truncated", *(f"{m['truncated_fraction']:.1%}" for _, m in columns))
     console.print(table)
     for name, entry in summary["benchmarks"].items():

@@ -78,6 +78,10 @@ def probe_eval(
         "auto", "--engine", help="What samples the rollouts: auto (vLLM when it imports and runs the model, GPU "
                                  "or CPU build; else transformers), vllm or transformers."
     ),
+    tools_from: Path = typer.Option(
+        None, "--tools-from", help="A recipe whose tools or environment the model calls, within its limits: each "
+        "rollout is a tool-calling conversation, its features read from the policy's own tokens (tool results "
+        "masked). bfcl-multi brings its own tools."),
 ):
     """Can a probe on the policy's internal states predict the value of unseen prompts?
 
@@ -88,6 +92,8 @@ def probe_eval(
     also per task, and a transfer table: the probe fit on one task, scored on each other task.
     """
     from poise_trl.evaluation import probe_eval as lib
+    from poise_trl.evaluation.agent import RecipeTools
+    from poise_trl.run.recipe import recipe_tools
 
     try:
         if not model or not dataset:
@@ -105,6 +111,7 @@ def probe_eval(
             prompt_components=prompt_components, response_components=response_components, ridge_alpha=ridge_alpha,
             value_model=value_model, value_target=value_target, value_epochs=value_epochs, value_lr=value_lr,
             value_batch_size=value_batch_size, batch_size=batch_size, output_dir=str(output_dir), engine=engine,
+            tools=RecipeTools(**recipe_tools(tools_from)) if tools_from else None,
         )
         report = lib.run_probe_eval(settings, show_progress=not no_progress)
     except user_errors() as exc:

@@ -40,6 +40,10 @@ class Sample:
     # Why generation ended, in vLLM's words: "stop" (EOS or a stop string) or "length" (the token budget).
     # An engine that knows only whether the budget cut it off leaves it to `truncated`.
     finish_reason: str | None = None
+    # A tool-calling conversation (evaluation/agent.py): its messages after the prompt, and which tokens of
+    # `token_ids` are tool results (0) rather than the policy's own (1), as TRL's `tool_mask`.
+    messages: list[dict] | None = None
+    tool_mask: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason is None:
@@ -144,13 +148,14 @@ def training_generation_record(args, policy_forward_passes: int, steps: int) -> 
     return record
 
 
-def render_prompts(tokenizer, prompts: Sequence[list[dict]], chat_template_kwargs: dict | None = None) -> list[str]:
-    """Conversational prompts -> strings with the generation prompt appended (thinking kept on)."""
+def render_prompts(tokenizer, prompts: Sequence[list[dict] | str],
+                   chat_template_kwargs: dict | None = None) -> list[str]:
+    """Conversational prompts -> strings with the generation prompt appended (thinking kept on); a string is a
+    prompt rendered already (a tool-calling conversation's context, evaluation/agent.py)."""
     require_chat_template(tokenizer)
-    return [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {}))
-        for p in prompts
-    ]
+    kwargs = chat_template_kwargs or {}
+    return [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
+                                                                       **kwargs) for p in prompts]
 
 
 @torch.no_grad()
@@ -161,16 +166,18 @@ def sample_transformers(
     num_samples: int,
     temperature: float,
     top_p: float = 1.0,
-    max_new_tokens: int = 256,
+    max_new_tokens: int | Sequence[int] = 256,
     batch_size: int = 64,
     seed: int = 0,
     on_batch: Callable[[list[Sample]], None] | None = None,
     prompt_indices: Sequence[int] | None = None,
 ) -> list[Sample]:
-    """`num_samples` completions per prompt, batched over (prompt, sample) pairs; `on_batch` per batch."""
+    """`num_samples` completions per prompt, batched over (prompt, sample) pairs; `on_batch` per batch;
+    `max_new_tokens` one budget, or one per prompt."""
     texts = render_prompts(tokenizer, prompts)
     indices = list(prompt_indices) if prompt_indices is not None else list(range(len(prompts)))
-    jobs = [(i, t) for i, t in zip(indices, texts, strict=True) for _ in range(num_samples)]
+    budgets = [max_new_tokens] * len(texts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    jobs = [(i, t, b) for i, t, b in zip(indices, texts, budgets, strict=True) for _ in range(num_samples)]
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -185,12 +192,12 @@ def sample_transformers(
         try:
             for start in range(0, len(jobs), batch_size):
                 chunk = jobs[start : start + batch_size]
-                enc = tokenizer([t for _, t in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
+                enc = tokenizer([t for _, t, _ in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
                 enc = {k: v.to(device) for k, v in enc.items()}
                 do_sample = temperature > 0
                 out = model.generate(
                     **enc,
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=max(b for _, _, b in chunk),
                     do_sample=do_sample,
                     temperature=temperature if do_sample else None,
                     top_p=top_p if do_sample else None,
@@ -200,7 +207,8 @@ def sample_transformers(
                 )
                 completion_ids = out[:, enc["input_ids"].shape[1] :]
                 batch = []
-                for (prompt_index, _), ids in zip(chunk, completion_ids.tolist(), strict=True):
+                for (prompt_index, _, budget), ids in zip(chunk, completion_ids.tolist(), strict=True):
+                    ids = ids[:budget]
                     ended = [k for k, tok in enumerate(ids) if tok in eos_ids]
                     length = ended[0] + 1 if ended else len(ids)
                     batch.append(
@@ -284,7 +292,7 @@ def sample_vllm(
     num_samples: int,
     temperature: float,
     top_p: float = 1.0,
-    max_new_tokens: int = 256,
+    max_new_tokens: int | Sequence[int] = 256,
     seed: int = 0,
     on_batch: Callable[[list[Sample]], None] | None = None,
     prompt_indices: Sequence[int] | None = None,
@@ -297,10 +305,11 @@ def sample_vllm(
     texts = render_prompts(tokenizer, prompts)
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     indices = list(prompt_indices) if prompt_indices is not None else list(range(len(prompts)))
+    budgets = [max_new_tokens] * len(texts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     samples: list[Sample] = []
     for call in request_calls(llm, lengths, num_samples):
         params = [
-            SamplingParams(n=num_samples, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+            SamplingParams(n=num_samples, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
                            seed=request_seed(seed, indices[i]))
             for i in call
         ]

@@ -7,6 +7,7 @@ benchmark is lives in `bench_data`, grading and scores in `bench_scores`. Detail
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -21,7 +22,8 @@ from transformers import AutoConfig
 from poise_trl.core.loading import load_tokenizer, resolve_model_path
 from poise_trl.core.progress import progress_bars
 from poise_trl.core.provenance import package_versions, write_json
-from poise_trl.engines.generation import ENGINES, Engine, Sample, close_vllm_engines, load_engine
+from poise_trl.engines.generation import ENGINES, Engine, Sample, close_vllm_engines, load_engine, render_prompts
+from poise_trl.evaluation.agent import AgentEngine, RecipeTools, Toolbox, task_tools, tool_calls
 from poise_trl.evaluation.bench_data import (
     BENCHMARKS,
     ID_COLUMNS,
@@ -35,7 +37,7 @@ from poise_trl.evaluation.bench_data import (
     load_benchmark,
     resolve_preset,
 )
-from poise_trl.evaluation.bench_reports import write_evalscope_reports, write_lighteval_results
+from poise_trl.evaluation.bench_reports import write_bfcl_results, write_evalscope_reports, write_lighteval_results
 from poise_trl.evaluation.bench_scores import average_over_benchmarks, dataset_metrics, grade_batch
 from poise_trl.tasks.math_grader import answer_to_str
 
@@ -104,10 +106,12 @@ def sample_record(problem: int, sample: int, generated: Sample, graded: dict, ro
     """One line of samples.jsonl: the response, its grade, the row's own id where it has one (`poise grade`
     matches lines to rows by it) and what eval tools read beside it."""
     row_id = next((row[column] for column in ID_COLUMNS if row.get(column) is not None), None)
+    conversation = {} if generated.messages is None else {"messages": generated.messages,
+                                                          "tool_calls": tool_calls(generated.messages)}
     return {"problem": problem, **({"id": row_id} if row_id is not None else {}), "sample": sample, **graded,
             "gold": answer_to_str(row["answer"]),
             "num_tokens": generated.num_tokens, "truncated": generated.truncated,
-            "finish_reason": generated.finish_reason, "text": generated.text}
+            "finish_reason": generated.finish_reason, "text": generated.text, **conversation}
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -158,10 +162,11 @@ def generate_missing(engine: Engine, dataset, settings: dict, done: set, batch_s
 # ------------------------------------------------------------------------------------------- the run
 
 
-def capped_budget(model_path: str, dataset, bench_name: str, max_new_tokens: int) -> int:
+def capped_budget(model_path: str, dataset, bench_name: str, max_new_tokens: int,
+                  template_kwargs: dict | None = None) -> int:
     """`max_new_tokens`, capped at what the model's context leaves after the benchmark's longest prompt (chat
-    template included), saying so once; as it is where the model's config cannot be read here (a hub id
-    offline: the engine then reports it)."""
+    template and tool schemas included), saying so once; as it is where the model's config cannot be read here (a
+    hub id offline: the engine then reports it). A tool-calling rollout's turns and tool results share it."""
     try:
         config = AutoConfig.from_pretrained(model_path).get_text_config()
         context = getattr(config, "max_position_embeddings", None)
@@ -170,8 +175,7 @@ def capped_budget(model_path: str, dataset, bench_name: str, max_new_tokens: int
         return max_new_tokens
     if not context:
         return max_new_tokens
-    texts = [tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-             for prompt in dataset["prompt"]]
+    texts = render_prompts(tokenizer, dataset["prompt"], template_kwargs)
     longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     room = max(context - longest, 1)
     if max_new_tokens > room:
@@ -203,12 +207,15 @@ def run_benchmarks(
     request: DataRequest | None = None,
     name: str | None = None,
     engine: str = "auto",
+    tools: RecipeTools | None = None,
 ) -> dict:
     """Run (or finish) each benchmark; write `output_dir/summary.json` (returned) and the EvalScope reports.
 
     `benchmarks`: names, files, folders or hub ids (`benchmark_source`); `data_files`: local copies by name;
     `preset` (PRESETS) supplies benchmarks and fixes sampling settings (else Avg@32, T=0.6, top-p 0.95);
-    `max_new_tokens=None` takes each benchmark's budget. Everything is checked before anything is generated.
+    `max_new_tokens=None` takes each benchmark's budget; `tools` (a recipe's) make every rollout a tool-calling
+    conversation, as a task with tools of its own (bfcl-multi) does (`agent`). Everything is checked before anything
+    is generated.
     """
     benchmarks, sampling = resolve_preset(preset, list(benchmarks), num_samples=num_samples,
                                           temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
@@ -239,6 +246,7 @@ def run_benchmarks(
     if len(set(folders.values())) < len(folders):
         raise BenchError(f"two benchmarks would be saved under one name ({', '.join(folders.values())}); "
                          "run them separately with --name")
+    toolbox = Toolbox(load_tokenizer(model_path), tools) if tools is not None else None
     plans = []
     for target in targets:
         bench_name, spec = folders[target], specs[target]
@@ -249,8 +257,8 @@ def run_benchmarks(
             "num_samples": num_samples,
             "temperature": temperature,
             "top_p": top_p,
-            "max_new_tokens": capped_budget(model_path, dataset, bench_name,
-                                            max_new_tokens or spec.max_new_tokens),
+            "max_new_tokens": capped_budget(model_path, dataset, bench_name, max_new_tokens or spec.max_new_tokens,
+                                            toolbox.template_kwargs if toolbox else None),
             "seed": seed,
             "data_fingerprint": data_fingerprint(dataset),
             "data_source": spec.source,
@@ -260,6 +268,7 @@ def run_benchmarks(
             "prompt_suffix": spec.prompt_suffix,
             "num_problems": len(dataset),
             "preset": preset,
+            "tools": dataclasses.asdict(tools) if tools is not None else None,
         }
         if not overwrite:
             check_settings(output_dir / bench_name, settings)
@@ -283,9 +292,14 @@ def run_benchmarks(
         for dataset, settings in plans:
             name = settings["benchmark"]
             if generator is not None:
-                finish_benchmark(generator, dataset, settings, done[name], output_dir / name, batch_size, progress)
+                sampler = (AgentEngine(generator, toolbox or Toolbox(generator.tokenizer), dataset.to_list(),
+                                       batch_size) if toolbox is not None or task_tools(dataset) else generator)
+                finish_benchmark(sampler, dataset, settings, done[name], output_dir / name, batch_size, progress)
+            write_bfcl_results(done[name], dataset, output_dir / name)
             results[name] = {"settings": settings, "metrics": dataset_metrics(done[name], dataset, num_samples)}
 
+    if toolbox is not None:
+        toolbox.close()
     close_vllm_engines()
     summary = {
         "model": model_path,
@@ -312,7 +326,7 @@ def finish_benchmark(engine: Engine, dataset, settings: dict, done: dict, bench_
 
         def on_samples(batch: list[tuple[int, int, Sample]]) -> None:
             rows = [dataset[i] for i, _, _ in batch]
-            grades = grade_batch([s.text for _, _, s in batch], rows)
+            grades = grade_batch([s.messages or s.text for _, _, s in batch], rows)
             records = [sample_record(i, j, s, graded, row)
                        for (i, j, s), graded, row in zip(batch, grades, rows, strict=True)]
             write(records)

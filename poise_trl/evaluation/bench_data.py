@@ -70,7 +70,8 @@ _BENCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 ID_COLUMNS = ("task_id", "id", "unique_id")
 
 # The settings samples depend on; a resumed run must match them all.
-RESULT_SETTINGS = ("model", "num_samples", "temperature", "top_p", "max_new_tokens", "seed", "data_fingerprint")
+RESULT_SETTINGS = ("model", "num_samples", "temperature", "top_p", "max_new_tokens", "seed", "data_fingerprint",
+                   "tools")
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult
 
-from poise_trl.core.provenance import write_json
+from poise_trl.core.provenance import write_json, write_text
 from poise_trl.evaluation.bench_data import RESULT_SETTINGS, BenchError
 from poise_trl.tasks import is_task
 from poise_trl.tasks.prompts import DATASETS
@@ -61,6 +61,29 @@ def write_evalscope_reports(summary: dict, output_dir: Path) -> list[Path]:
 
 
 LIGHTEVAL_RESULTS = "results_lighteval.json"
+
+
+def write_bfcl_results(records: dict[tuple[int, int], dict], dataset, bench_dir: Path) -> list[Path]:
+    """The bfcl-multi samples of a benchmark in BFCL's multi-turn result format, one file per category
+    (`BFCL_v4_multi_turn_<category>_result.json`, JSON lines as BFCL writes them): each sample's line
+    (`bfcl_multi.result_line`: per turn, per step, the decoded call strings BFCL's checker reads) with its
+    `sample` number; the sample's reward is that line's check."""
+    if "task" not in dataset.column_names or not any(task.startswith("bfcl-multi") for task in dataset["task"]):
+        return []
+    from poise_trl.tasks import assistant_texts  # noqa: PLC0415 - bfcl-multi's module needs the optional bfcl-eval
+    from poise_trl.tasks.bfcl_multi import result_line  # noqa: PLC0415
+
+    files: dict[str, list[str]] = {}
+    tasks, verifiers = dataset["task"], dataset["verifier"]
+    for (problem, sample), record in sorted(records.items()):
+        if tasks[problem].startswith("bfcl-multi"):
+            verifier = json.loads(verifiers[problem])
+            line = result_line(assistant_texts(record.get("messages") or record["text"]), verifier)
+            files.setdefault(verifier["category"], []).append(json.dumps(line | {"sample": sample}) + "\n")
+    paths = [Path(bench_dir) / f"BFCL_v4_multi_turn_{category}_result.json" for category in files]
+    for path, lines in zip(paths, files.values(), strict=True):
+        write_text(path, "".join(lines))
+    return paths
 
 
 def lighteval_metric_name(score: str, num_samples: int) -> str:

@@ -9,19 +9,20 @@ from decimal import Decimal
 
 from poise_trl.core.metrics import mean_and_stderr, pass_at_k, pass_ks
 from poise_trl.evaluation.bench_data import BenchError
-from poise_trl.tasks import get_family, row_verifiers, score_rows
+from poise_trl.tasks import completion_text, get_family, row_verifiers, score_rows
 from poise_trl.tasks.family import extract_tagged_answer
 from poise_trl.tasks.math_grader import extract_final_answer
 
 # ------------------------------------------------------------------------------------------- grading
 
 
-def grade_batch(texts: list[str], rows: list[dict]) -> list[dict]:
-    """What bench stores per completion of a batch: `reward` in [0, 1], `correct` (reward 1), vote answer."""
+def grade_batch(completions: list, rows: list[dict]) -> list[dict]:
+    """What bench stores per completion (a text or a tool-calling conversation) of a batch: `reward` in [0, 1],
+    `correct` (reward 1), vote answer."""
     tasks, verifiers = row_verifiers(rows)
-    rewards = score_rows(texts, tasks, verifiers)
-    return [{"reward": reward, "correct": reward >= 1.0, "answer": voted_answer(task, text)}
-            for text, task, reward in zip(texts, tasks, rewards, strict=True)]
+    rewards = score_rows(completions, tasks, verifiers)
+    return [{"reward": reward, "correct": reward >= 1.0, "answer": voted_answer(task, completion_text(completion))}
+            for completion, task, reward in zip(completions, tasks, rewards, strict=True)]
 
 
 def voted_answer(task: str, text: str) -> str | None:
@@ -110,6 +111,8 @@ def compute_metrics(records: dict[tuple[int, int], dict], num_problems: int, num
         "scores": scores,
         "mean_tokens": sum(r["num_tokens"] for r in flat) / len(flat),
         "truncated_fraction": sum(r["truncated"] for r in flat) / len(flat),
+        # tool-calling conversations: tool calls per rollout; their tokens count the policy's own
+        **({"mean_tool_calls": sum(r["tool_calls"] for r in flat) / len(flat)} if "tool_calls" in flat[0] else {}),
     }
 
 

@@ -8,6 +8,7 @@ per-task scores and a transfer table. Protocol: docs/algorithms.md ("probe-eval"
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -40,13 +41,20 @@ from poise_trl.engines.generation import (
     render_prompts,
     start_engine,
 )
+from poise_trl.evaluation.agent import AgentEngine, RecipeTools, Toolbox, task_tools, tool_calls
 from poise_trl.evaluation.bench import resolve_model
 from poise_trl.evaluation.bench_data import BENCHMARKS, data_fingerprint
 from poise_trl.evaluation.plots import plot_layer_sweep, plot_predictions, plot_transfer
 from poise_trl.evaluation.value_model import load_value_model, predict_value_model, train_value_model
-from poise_trl.probe.capture import extract_features
+from poise_trl.probe.capture import HiddenStateCapture, extract_features
 from poise_trl.probe.estimator import LinearValueProbe
-from poise_trl.probe.features import RolloutFeatures, pad_sequences, resolve_layer_index
+from poise_trl.probe.features import (
+    RolloutFeatures,
+    build_rollout_features,
+    pad_sequences,
+    resolve_layer_index,
+    token_entropy,
+)
 from poise_trl.tasks import is_task, load_prompt_dataset, mix_entry, resolve_dataset, row_verifiers, score_rows
 from poise_trl.tasks.math_grader import answer_to_str
 from poise_trl.tasks.prompts import DATASETS, held_out_split
@@ -101,6 +109,7 @@ class ProbeEvalSettings:
     batch_size: int = 64
     output_dir: str = "runs/probe-eval"
     engine: str = "auto"  # what samples the rollouts: auto, vllm or transformers (generation.resolve_engine)
+    tools: RecipeTools | None = None  # a recipe's tools or environment the rollouts call (evaluation/agent.py)
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -216,8 +225,11 @@ def _hash(payload) -> str:
 # ---------------------------------------------------------------------------------------- rollouts
 
 
-def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, progress=None) -> list[dict]:
-    """Sample and grade n rollouts per prompt: one record per prompt with its token ids and rollouts."""
+def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, progress=None,
+                    tools: RecipeTools | None = None) -> list[dict]:
+    """Sample and grade n rollouts per prompt: one record per prompt with its token ids and rollouts; with tools (a
+    recipe's, or a task's own) each rollout is a conversation, its completion ids those of every message after the
+    prompt and its `tool_mask` marking the tool results."""
     prompts, answers = dataset["prompt"], [answer_to_str(a) for a in dataset["answer"]]
     n = settings["n_samples"]
     task = progress.add_task("sampling", total=len(prompts) * n) if progress else None
@@ -231,17 +243,23 @@ def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, pr
     )
     llm = start_engine(policy.path, policy.engine)
     engine = VLLMEngine(llm) if llm is not None else TransformersEngine(policy.model, policy.tokenizer, batch_size)
+    toolbox = Toolbox(policy.tokenizer, tools) if tools is not None or task_tools(dataset) else None
+    if toolbox is not None:  # tool-calling conversations (evaluation/agent.py)
+        engine = AgentEngine(engine, toolbox, dataset.to_list(), batch_size)
     samples = engine.sample(prompts, **kwargs)
+    if toolbox is not None:
+        toolbox.close()
     if engine.kind == "vllm":
         close_vllm_engines()  # the features and the value model come next: give its memory back
     policy.sampled_with = engine.kind
     tokenizer = policy.tokenizer
-    prompt_ids = tokenizer(render_prompts(tokenizer, prompts), add_special_tokens=False)["input_ids"]
+    prompt_ids = tokenizer(render_prompts(tokenizer, prompts, toolbox and toolbox.template_kwargs),
+                           add_special_tokens=False)["input_ids"]
     task_rows = "task" in dataset.column_names  # a task or mix: each group records its task
     tasks, verifiers = row_verifiers(dataset)
     groups = [{"prompt_index": i, "answer": answers[i], "prompt_ids": prompt_ids[i], "rollouts": []}
               | ({"task": tasks[i]} if task_rows else {}) for i in range(len(prompts))]
-    rewards = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],
+    rewards = score_rows([s.messages or s.text for s in samples], [tasks[s.prompt_index] for s in samples],
                          [verifiers[s.prompt_index] for s in samples])
     for s, reward in zip(samples, rewards, strict=True):
         groups[s.prompt_index]["rollouts"].append({
@@ -250,18 +268,20 @@ def sample_rollouts(policy: Policy, dataset, settings: dict, batch_size: int, pr
             "num_tokens": s.num_tokens,
             "truncated": s.truncated,
             "text": s.text,
+            **({"messages": s.messages, "tool_mask": s.tool_mask} if s.messages is not None else {}),
         })
     return groups
 
 
 def load_or_sample_rollouts(
-    cache_dir: Path, policy: Policy, dataset, settings: dict, batch_size: int, progress=None
+    cache_dir: Path, policy: Policy, dataset, settings: dict, batch_size: int, progress=None,
+    tools: RecipeTools | None = None,
 ) -> tuple[list[dict], bool]:
     """(groups, sampled_now) from `cache_dir/rollouts.jsonl`, sampling it first when absent."""
     path = cache_dir / "rollouts.jsonl"
     if path.exists():
         return [json.loads(line) for line in path.read_text().splitlines()], False
-    groups = sample_rollouts(policy, dataset, settings, batch_size, progress)
+    groups = sample_rollouts(policy, dataset, settings, batch_size, progress, tools)
     cache_dir.mkdir(parents=True, exist_ok=True)
     write_json(cache_dir / "settings.json", settings)
     # write-then-rename: a killed run leaves no half cache
@@ -283,20 +303,50 @@ def _feature_chunks(lengths: list[int], max_rows: int) -> list[slice]:
     return chunks + [slice(start, len(lengths))] if lengths else chunks
 
 
+@torch.no_grad()
+def policy_token_features(model, prompt_ids, prompt_mask, completion_ids, completion_mask, tool_mask,
+                          think_end_id: int, layers: list[int], temperature: float) -> dict[int, RolloutFeatures]:
+    """`extract_features` of tool-calling conversations: the model reads every token of the completion, the
+    features only the policy's own (`tool_mask` 1): tool results are left out of the pooled positions and the
+    entropy spans, as TRL's `tool_mask` leaves them out of the loss."""
+    model.eval()
+    device, T = next(model.parameters()).device, completion_ids.shape[1]
+    policy_mask = completion_mask * tool_mask
+    with HiddenStateCapture(model, layers) as capture:
+        capture.set_batch(prompt_mask, completion_ids, policy_mask, think_end_id)
+        with capture.capturing():
+            logits = model(input_ids=torch.cat([prompt_ids, completion_ids], dim=1).to(device),
+                           attention_mask=torch.cat([prompt_mask, completion_mask], dim=1).to(device),
+                           use_cache=False, logits_to_keep=T + 1).logits
+        pooled = capture.pop()
+    entropy = token_entropy(logits[:, logits.shape[1] - T - 1: -1], temperature).cpu()
+    return {layer: build_rollout_features(prompt, response, entropy, completion_ids, policy_mask, think_end_id)
+            for layer, (prompt, response) in pooled.items()}
+
+
 def compute_features(
     policy: Policy, groups: list[dict], layers: list[int], temperature: float, batch_size: int, progress=None
 ) -> dict[int, RolloutFeatures]:
-    """Features of every rollout at every block in `layers`, at the sampling temperature."""
-    rows = [(g["prompt_ids"], r["completion_ids"]) for g in groups for r in g["rollouts"]]
+    """Features of every rollout at every block in `layers`, at the sampling temperature; over the policy's own
+    tokens where the rollouts are tool-calling conversations."""
+    rows = [(g["prompt_ids"], r["completion_ids"], r.get("tool_mask")) for g in groups for r in g["rollouts"]]
     pad = policy.tokenizer.pad_token_id
     task = progress.add_task("features", total=len(rows)) if progress else None
     parts: dict[int, list[RolloutFeatures]] = {layer: [] for layer in layers}
-    for chunk in _feature_chunks([len(p) + len(c) for p, c in rows], batch_size):
-        prompt_ids, prompt_mask = pad_sequences([p for p, _ in rows[chunk]], pad, left=True)
-        completion_ids, completion_mask = pad_sequences([c for _, c in rows[chunk]], pad, left=False)
+    for chunk in _feature_chunks([len(p) + len(c) for p, c, _ in rows], batch_size):
+        prompt_ids, prompt_mask = pad_sequences([p for p, _, _ in rows[chunk]], pad, left=True)
+        completion_ids, completion_mask = pad_sequences([c for _, c, _ in rows[chunk]], pad, left=False)
+        masks = [m for _, _, m in rows[chunk]]
         with one_cpu_thread(is_tiny_on_cpu(policy.model)):
-            out = extract_features(policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                   policy.think_end_id, layers, batch_size=len(prompt_ids), temperature=temperature)
+            if any(masks):
+                tool_mask, _ = pad_sequences([m or [1] * len(c) for (_, c, _), m in zip(rows[chunk], masks,
+                                                                                       strict=True)], 0, left=False)
+                out = policy_token_features(policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                            tool_mask, policy.think_end_id, layers, temperature)
+            else:
+                out = extract_features(policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                       policy.think_end_id, layers, batch_size=len(prompt_ids),
+                                       temperature=temperature)
         for layer in layers:
             parts[layer].append(out[layer])
         if progress:
@@ -605,11 +655,13 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
                                       system_prompt=s.system_prompt, limit=s.limit, seed=s.seed,
                                       column_option="--{role}-column COLUMN")
     n = s.n_samples
+    tools = s.tools
     benchmark = BENCHMARKS.get(source) if isinstance(source, str) else None
     max_new_tokens = s.max_new_tokens or (benchmark.max_new_tokens if benchmark else DEFAULT_MAX_NEW_TOKENS)
     sampling = {"model": model_path, "model_fingerprint": model_fingerprint(model_path), "dataset": source,
                 "split": split, "limit": s.limit, "data_fingerprint": data_fingerprint(dataset), "n_samples": n,
-                "temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": max_new_tokens, "seed": s.seed}
+                "temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": max_new_tokens, "seed": s.seed,
+                "tools": dataclasses.asdict(tools) if tools else None}
     output_dir = Path(s.output_dir)
     cache_dir = output_dir / "cache" / _hash(sampling)
     split_seed = s.seed if s.split_seed is None else s.split_seed
@@ -621,7 +673,8 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
     timing = {}
     with progress_bars("probe-eval", enabled=show_progress) as progress:
         t0 = time.time()
-        groups, sampled = load_or_sample_rollouts(cache_dir, policy, dataset, sampling, s.batch_size, progress)
+        groups, sampled = load_or_sample_rollouts(cache_dir, policy, dataset, sampling, s.batch_size, progress,
+                                                  tools)
         timing["rollouts_seconds"] = round(time.time() - t0, 2)
         t0 = time.time()
         features, computed = load_or_compute_features(cache_dir, policy, groups, blocks, s.temperature,
@@ -676,6 +729,7 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
             "solved_at_least_once": float((per_prompt_mean(rewards, n) > 0).double().mean()),
             "heldout_mean_avg_at_n": float(empirical.mean()),
             "mean_completion_tokens": sum(r["num_tokens"] for r in all_rollouts) / len(all_rollouts),
+            "mean_tool_calls": sum(tool_calls(r.get("messages")) for r in all_rollouts) / len(all_rollouts),
             "truncated_fraction": sum(r["truncated"] for r in all_rollouts) / len(all_rollouts),
         },
         "protocol": (f"Split by prompt{', within each task' if prompt_tasks else ''} ({len(train_prompts)} train / "

@@ -21,10 +21,10 @@ from poise_trl.core.loading import (
     resolve_model_path,
 )
 from poise_trl.engines.generation import keep_cpu_engine_weights_reloadable, resolve_engine
+from poise_trl.engines.tools import ToolRuntime, environment_class
 from poise_trl.run.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
 from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
-from poise_trl.run.tools import ToolRuntime
 from poise_trl.seam.grpo import GRPOSeam
 from poise_trl.seam.vllm import server_generation
 from poise_trl.tasks import is_task, load_prompt_dataset, refuse_near_miss
@@ -113,7 +113,7 @@ class Run:
 
 def rollout_mode(settings, algorithm, tokenizer) -> tuple[dict, ToolRuntime | None]:
     """The recipe's `tools`, `environment` and `rollout_func`, imported, as TRL's GRPOTrainer takes them; tools and
-    environments run in worker processes within the recipe's limits (`run/tools.py`)."""
+    environments run in worker processes within the recipe's limits (`engines/tools.py`)."""
     given = {key: path for key, path in (("tools", settings.tools), ("environment_factory", settings.environment),
                                          ("rollout_func", settings.rollout_func)) if path}
     if given and not issubclass(algorithm.trainer_class, GRPOSeam):
@@ -129,11 +129,7 @@ def rollout_mode(settings, algorithm, tokenizer) -> tuple[dict, ToolRuntime | No
     if tool_paths:
         given["tools"] = runtime.tools([import_callable(path, "tool") for path in tool_paths])
     if settings.environment:
-        environment_class = import_callable(settings.environment, "environment")
-        if not isinstance(environment_class, type):
-            raise RecipeError(f"environment {settings.environment!r} is not a class: give module:Class, a class "
-                              "whose public methods are the tools")
-        given["environment_factory"] = runtime.environment_factory(environment_class)
+        given["environment_factory"] = runtime.environment_factory(environment_class(settings.environment))
     return given, runtime
 
 

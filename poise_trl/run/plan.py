@@ -288,6 +288,10 @@ class PlanInputs:
     peft_rank: int | None
     # the algorithm's own items (`Algorithm.memory_items` bound to the recipe's values), given a PlanView
     algorithm_items: Callable[[PlanView], list[tuple[str, int, str]]] | None = None
+    # A recipe with tools (`tool_context`): the schema TRL renders into every prompt, the turn and result limits
+    tool_schema_tokens: int = 0
+    tool_turns: int = 0
+    tool_result_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -328,7 +332,37 @@ def plan_inputs(plan: RunPlan, prompt_length: int = DEFAULT_PROMPT_LENGTH,
         vllm_gpu_memory_utilization=float(value("vllm_gpu_memory_utilization") or 0.0),
         beta=float(value("beta") or 0.0), peft_rank=int(settings.peft.get("r", 8)) if settings.peft else None,
         algorithm_items=functools.partial(memory_items, value) if memory_items else None,
+        **(tool_context(plan) if settings.tools or settings.environment else {}),
     )
+
+
+def tool_context(plan: RunPlan) -> dict:
+    """What a recipe's tools add to a row (docs/multi-gpu.md, "Multi-turn rollouts"): the tokens of their schema
+    in the prompt (TRL renders it into every prompt; measured with the model's tokenizer and the template TRL's tool
+    loop renders with, 0 where the tokenizer cannot be read here) and the limits of the turns that follow it. TRL
+    keeps every turn's generation and tool result within max_completion_length, so the completion stays that."""
+    from poise_trl.core.loading import load_tokenizer  # noqa: PLC0415 - TRL's chat templates: only for tools
+    from poise_trl.evaluation.agent import RecipeTools, Toolbox  # noqa: PLC0415
+
+    settings = plan.settings
+    limits = RecipeTools((settings.tools,) if isinstance(settings.tools, str) else tuple(settings.tools or ()),
+                         settings.environment, int(plan.requested("max_tool_calling_iterations")),
+                         settings.tool_result_tokens, settings.tool_timeout)
+    schema = 0
+    try:
+        tokenizer = load_tokenizer(resolve_model_path(settings.model))
+    except (OSError, ValueError):
+        tokenizer = None
+    if tokenizer is not None:
+        toolbox = Toolbox(tokenizer, limits)
+        question = [{"role": "user", "content": "?"}]
+        with_tools, without = (len(tokenizer(tokenizer.apply_chat_template(question, tokenize=False,
+                                                                           add_generation_prompt=True, **kwargs),
+                                             add_special_tokens=False)["input_ids"])
+                               for kwargs in (toolbox.template_kwargs, {}))
+        schema = with_tools - without
+        toolbox.close()
+    return {"tool_schema_tokens": schema, "tool_turns": limits.max_turns, "tool_result_tokens": limits.result_tokens}
 
 
 def _dtype_bytes(name: str, shape: ModelShape) -> int:
@@ -393,15 +427,20 @@ def build_plan(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: i
         copies = (2 * shape.layer_parameters if inputs.gradient_checkpointing else P) * 2
         items.append(PlanItem("bf16 weight copies (autocast)", int(copies), "one block with checkpointing"))
 
-    sequence = inputs.prompt_length + inputs.completion_length
+    sequence = inputs.prompt_length + inputs.tool_schema_tokens + inputs.completion_length
     tokens = inputs.rows * sequence
     layer = layer_activation_bytes(shape, tokens, compute, residual)
+    rows, turns = f"{inputs.rows} rows x {sequence} tokens", inputs.tool_turns
+    if turns:
+        rows += (f" (prompt {inputs.prompt_length} + tool schema {inputs.tool_schema_tokens} + {turns + 1} turns and "
+                 f"{turns} rounds of tool results of <= {inputs.tool_result_tokens} tokens, all within "
+                 f"max_completion_length {inputs.completion_length})")
     if inputs.gradient_checkpointing:
         activations = shape.num_layers * tokens * shape.hidden_size * residual + layer
-        act_note = f"{inputs.rows} rows x {sequence} tokens, checkpointed: block inputs + 1 block"
+        act_note = f"{rows}, checkpointed: block inputs + 1 block"
     else:
         activations = shape.num_layers * layer
-        act_note = f"{inputs.rows} rows x {sequence} tokens, {shape.num_layers} blocks"
+        act_note = f"{rows}, {shape.num_layers} blocks"
     items.append(PlanItem("activations", int(activations), act_note))
     # The head's fp32 weight gradient is the parameter's .grad where gradients are whole and fp32;
     # LoRA freezes the head.

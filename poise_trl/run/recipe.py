@@ -18,14 +18,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from poise_trl.core.loading import PACKAGE_ROOT, RecipeError
+from poise_trl.engines.tool_worker import DEFAULT_TOOL_RESULT_TOKENS, DEFAULT_TOOL_TIMEOUT_S, DEFAULT_TOOL_TURNS
 
 if TYPE_CHECKING:
     from poise_trl.algorithms.base import Algorithm
 
-# Tool limits (run/tools.py), here so that a recipe is checked before anything heavy loads.
-DEFAULT_TOOL_TIMEOUT_S = 10.0
-DEFAULT_TOOL_RESULT_TOKENS = 512
-DEFAULT_TOOL_TURNS = 8  # max_tool_calling_iterations when a recipe has tools (TRL's default: no limit)
 
 
 class _RecipeLoader(yaml.SafeLoader):
@@ -73,7 +70,7 @@ class RunSettings:
     tools: list[str] | None = None  # functions the model may call during its rollout
     environment: str | None = None  # a class: one instance per rollout, its public methods the tools
     rollout_func: str | None = None  # rollout_func(prompts, trainer) -> dict: builds the completions itself
-    # Limits of tools and environments (run/tools.py); the turn limit is max_tool_calling_iterations (8 here).
+    # Limits of tools and environments (engines/tools.py); the turn limit is max_tool_calling_iterations (8 here).
     tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S  # seconds a call may run before its process is killed
     tool_result_tokens: int = DEFAULT_TOOL_RESULT_TOKENS  # a longer result is cut
     peft: dict[str, Any] | None = None
@@ -168,6 +165,20 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
     check_types({key: value for key, value in recipe.items() if key in RUN_KEYS}, RunSettings)
     check_ranges(recipe)
     return recipe
+
+
+def recipe_tools(path: str | Path) -> dict:
+    """A recipe's tools, environment and their limits, as the evaluation tools run them
+    (`evaluation.agent.RecipeTools`)."""
+    recipe = load_recipe(path)
+    tools = recipe.get("tools") or ()
+    if not tools and not recipe.get("environment"):
+        raise RecipeError(f"recipe {path} has no tools and no environment to evaluate with: give one that has "
+                          "(tools: [module:function] or environment: module:Class)")
+    return {"tools": (tools,) if isinstance(tools, str) else tuple(tools), "environment": recipe.get("environment"),
+            "max_turns": recipe.get("max_tool_calling_iterations") or DEFAULT_TOOL_TURNS,
+            "result_tokens": recipe.get("tool_result_tokens", RunSettings.tool_result_tokens),
+            "timeout_s": recipe.get("tool_timeout", RunSettings.tool_timeout)}
 
 
 def _suggest(key: str, known: set[str]) -> str:

@@ -191,19 +191,23 @@ def by_task_means(tasks: Sequence[str], values: Sequence[float | None]) -> dict[
     return {task: sum(group) / len(group) for task, group in sorted(groups.items())}
 
 
-def score_rows(texts: Sequence[str], tasks: Sequence[str], verifiers: Sequence[str],
+def score_rows(completions: Sequence, tasks: Sequence[str], verifiers: Sequence[str],
                verdicts: dict[str, dict[str, int]] | None = None) -> list[float]:
-    """Each completion text scored by its row's family, families batched together; `verdicts` gets, per task
-    whose family gives verdicts, how many completions ended in each."""
-    rewards = [0.0] * len(texts)
+    """Each completion (a text, or a conversation: TRL's message list) scored by its row's family, families
+    batched together; `verdicts` gets, per task whose family gives verdicts, how many completions ended in each.
+    A conversation is graded on its last message, or on every assistant message where the family says so."""
+    rewards = [0.0] * len(completions)
     by_task: dict[str, list[int]] = {}
     for i, name in enumerate(tasks):
         by_task.setdefault(name, []).append(i)
     for name, rows in by_task.items():
         family = get_family(name)
-        row_texts = [texts[i] for i in rows]
+        row_texts = [completion_text(completions[i]) for i in rows]
         row_verifiers = [json.loads(verifiers[i]) for i in rows]
-        if family.grade_batch is not None:
+        if family.score_conversation is not None:
+            scores = [family.score_conversation(assistant_texts(completions[i]), verifier)
+                      for i, verifier in zip(rows, row_verifiers, strict=True)]
+        elif family.grade_batch is not None:
             scores, ends = zip(*family.grade_batch(row_texts, row_verifiers), strict=True)
             if verdicts is not None:
                 verdicts[name] = {verdict: ends.count(verdict) for verdict in family.verdicts}
@@ -220,7 +224,7 @@ def task_reward(completions, task, verifier, log_metric=None, **kwargs) -> list[
     """TRL reward function (recipe name `task`): each row's own verifier, by its `task` column. Logs
     `rewards/<task>/verdicts/<verdict>`: how many of the batch's completions ended so (code tasks)."""
     verdicts = {}
-    rewards = score_rows([completion_text(c) for c in completions], task, verifier, verdicts)
+    rewards = score_rows(completions, task, verifier, verdicts)
     for name, counts in verdicts.items():
         for verdict, count in counts.items():
             if log_metric is not None:
@@ -242,6 +246,13 @@ def completion_text(completion) -> str:
     # `</think>` rules see what the model actually wrote.
     reasoning = message.get("reasoning_content") or message.get("thinking")
     return f"<think>\n{reasoning}\n</think>\n{content}" if reasoning else content
+
+
+def assistant_texts(completion) -> list[str]:
+    """Each assistant message's text (`completion_text`) of a conversation; a text is one message."""
+    if isinstance(completion, str):
+        return [completion]
+    return [completion_text([message]) for message in completion if message.get("role") == "assistant"]
 
 
 MIX_FILE_SUFFIXES = (".yaml", ".yml")

@@ -132,12 +132,11 @@ def available_functions(entry: dict, turn: int) -> set[str]:
     return {doc["name"] for doc in function_docs(entry, turn)}
 
 
-def check_turns(entry: dict, model_turns: list[list[list[tuple]]], first_turn: int = 0) -> dict:
+def check_turns(entry: dict, model_turns: list[list[list[tuple]]]) -> dict:
     """BFCL's multi-turn check (multi_turn_checker.multi_turn_checker) on our own instances: for each turn, the
     model's steps (each a list of calls) run on the model's world, the ground truth on another; a turn that needs
     calls and has none, a state that differs or a ground-truth result missing from the model's results so far
-    fails the entry. Turns before `first_turn` are replayed from the ground truth on both worlds (per-turn
-    episodes). {"valid": bool, ...BFCL's error fields}."""
+    fails the entry. The check ends with the model's last turn. {"valid": bool, ...BFCL's error fields}."""
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (  # noqa: PLC0415 - optional package
         response_checker,
         state_checker,
@@ -149,7 +148,7 @@ def check_turns(entry: dict, model_turns: list[list[list[tuple]]], first_turn: i
         available = available_functions(entry, turn)
         truth_calls = ground_truth_calls(truth)
         truth_results = [truth_world.call(*call, available) for call in truth_calls]
-        steps = [truth_calls] if turn < first_turn else model_turns[turn - first_turn]
+        steps = model_turns[turn]
         model_results += [model_world.call(*call, available) for step in steps for call in step]
         if not truth:
             continue
@@ -159,12 +158,23 @@ def check_turns(entry: dict, model_turns: list[list[list[tuple]]], first_turn: i
                       response_checker(model_results, truth_results, turn)):
             if not check["valid"]:
                 return {**check, "turn": turn}
-        if turn - first_turn + 1 == len(model_turns):
+        if turn + 1 == len(model_turns):
             break
     return {"valid": True}
 
 
 # ------------------------------------------------------------------------------------------ per-turn episodes
+
+
+def replayed_world(entry: dict, turn: int) -> World:
+    """A fresh world with the ground truth's calls of the turns before `turn` run on it: where a per-turn episode
+    starts (the evaluation tools run the model's calls of `turn` on it, `evaluation/agent.py`)."""
+    world = World(entry)
+    for index in range(turn):
+        available = available_functions(entry, index)
+        for call in ground_truth_calls(entry["ground_truth"][index]):
+            world.call(*call, available)
+    return world
 
 
 def replayed_prompt(entry: dict, turn: int) -> list[dict]:
@@ -216,13 +226,77 @@ def build_rows(variant: str | None, config: dict, split: str, size: int | None, 
 _ENTRIES: dict[str, dict[str, dict]] = {}
 
 
-def score(completion: str, verifier: dict) -> float:
-    """1 when the turn's calls in the completion pass BFCL's state and response checks for that turn."""
-    category = verifier["category"]
+def entry_of(entry_id: str) -> dict:
+    """An entry by its id (`multi_turn_miss_func_3`), its category's entries read once."""
+    category = entry_id.removeprefix("multi_turn_").rsplit("_", 1)[0]
     if category not in _ENTRIES:
         _ENTRIES[category] = {entry["id"]: entry for entry in entries(category)}
-    entry = _ENTRIES[category][verifier["id"]]
-    return float(check_turns(entry, [[model_calls(completion)]], first_turn=verifier["turn"])["valid"])
+    return _ENTRIES[category][entry_id]
+
+
+# --------------------------------------------------------------------------------- BFCL's result-file format
+
+
+def call_string(name: str, args: list, kwargs: dict) -> str:
+    """A parsed call as BFCL's decoded call strings write it: `mv(source='a', destination='b')`."""
+    return f"{name}({', '.join([*map(repr, args), *(f'{key}={value!r}' for key, value in kwargs.items())])})"
+
+
+def result_line(steps: list[str], verifier: dict) -> dict:
+    """A per-turn episode as a line of BFCL's multi-turn result file (`BFCL_v4_multi_turn_<category>_result.json`):
+    `result` holds, per turn, per step, the decoded call strings multi_turn_checker reads; the turns before the
+    episode's turn as replayed from the ground truth (one step each), the episode's turn as the model's assistant
+    messages `steps` (those with calls). The line stops at the episode's turn."""
+    entry = entry_of(verifier["id"])
+    replayed = [[turn] if turn else [] for turn in entry["ground_truth"][: verifier["turn"]]]
+    model = [[call_string(*call) for call in calls] for calls in map(model_calls, steps)]
+    return {"id": entry["id"], "result": [*replayed, [step for step in model if step]]}
+
+
+def check_result_line(line: dict) -> dict:
+    """BFCL's multi-turn check of a result line up to its last turn (`check_turns`), its call strings read with
+    `ast` (`parse_call_string`); a string that is not one plain call is skipped, as BFCL's decoder skips what it
+    cannot decode. {"valid": bool, ...BFCL's error fields}."""
+    def readable(step):
+        calls = []
+        for text in step:
+            try:
+                calls.append(parse_call_string(text))
+            except CallError:
+                continue
+        return calls
+    entry = entry_of(line["id"])
+    return check_turns(entry, [[readable(step) for step in turn] for turn in line["result"]])
+
+
+def score_conversation(steps: list[str], verifier: dict) -> float:
+    """1 when the episode's turn, one step per assistant message, passes BFCL's state and response checks, read
+    from its result line (`result_line`, `check_result_line`)."""
+    return float(check_result_line(result_line(steps, verifier))["valid"])
+
+
+def score(completion: str, verifier: dict) -> float:
+    """A one-message episode's score (`score_conversation`)."""
+    return score_conversation([completion], verifier)
+
+
+class ToolSession:
+    """The tools of one rollout of a per-turn episode (`evaluation/agent.py`): a world replayed to the episode's
+    turn, each call dispatched on it as the reward runs it."""
+
+    def __init__(self, verifier: dict):
+        entry, turn = entry_of(verifier["id"]), verifier["turn"]
+        self.world, self.available = replayed_world(entry, turn), available_functions(entry, turn)
+
+    def calls(self, text: str, ids: list[int], context: str) -> list[tuple[str, dict]]:
+        """The calls of one assistant message, read as the reward reads them."""
+        return [(name, arguments) for name, _, arguments in model_calls(text)]
+
+    def call(self, name: str, arguments: dict) -> str:
+        return self.world.call(name, [], arguments, self.available)
+
+    def close(self) -> None:
+        pass
 
 
 TASK = TaskFamily(
@@ -233,4 +307,6 @@ TASK = TaskFamily(
     build_rows=build_rows,
     score=score,
     variants=lambda: list(CATEGORIES),
+    score_conversation=score_conversation,
+    tool_session=ToolSession,
 )

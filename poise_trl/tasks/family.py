@@ -25,6 +25,10 @@ class TaskFamily:
     # (reward, verdict) per completion, verdicts among `verdicts`: `task_reward` logs their counts per step
     grade_batch: Callable[[list[str], list[dict]], list[tuple[float, str]]] | None = None
     verdicts: tuple[str, ...] = ()
+    # A family graded on every assistant message of a tool-calling conversation (bfcl-multi: each one a step of
+    # calls) instead of the last one, and the tools of one rollout (evaluation/agent.py: calls, call, close).
+    score_conversation: Callable[[list[str], dict], float] | None = None
+    tool_session: Callable[[dict], object] | None = None
 
 
 _THINK_CLOSE = "</think>"

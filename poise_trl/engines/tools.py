@@ -1,4 +1,5 @@
-"""A recipe's tools and environment, run where a hang can be killed, within the recipe's limits.
+"""A recipe's tools and environment, run where a hang can be killed, within the recipe's limits (training's
+rollouts and the evaluation tools' conversations, `evaluation/agent.py`).
 
 TRL's GRPOTrainer calls a rollout's tools in its own process and turns an exception into `{"error": ...}` for the
 model, but a call that hangs stalls the run. Here every call runs in a child process that is killed, and replaced,
@@ -25,7 +26,8 @@ import inspect
 from transformers import TrainerCallback
 
 from poise_trl.core.distributed import summed_over_processes
-from poise_trl.run.tool_worker import CallTimeout, ToolError, Worker
+from poise_trl.core.loading import RecipeError, import_callable
+from poise_trl.engines.tool_worker import CallTimeout, ToolError, Worker
 
 
 def _signature(function, bound: bool) -> inspect.Signature:
@@ -34,6 +36,22 @@ def _signature(function, bound: bool) -> inspect.Signature:
     except NameError:
         signature = inspect.signature(function)
     return signature.replace(parameters=list(signature.parameters.values())[1:]) if bound else signature
+
+
+def environment_class(path: str) -> type:
+    """The environment class at `path` (module:Class), whose public methods are the tools."""
+    found = import_callable(path, "environment")
+    if not isinstance(found, type):
+        raise RecipeError(f"environment {path!r} is not a class: give module:Class, a class whose public methods "
+                          "are the tools")
+    return found
+
+
+def environment_tools(instance) -> list:
+    """An environment instance's tools as TRL hands them to a rollout: its public methods but reset and get_reward
+    (listed on the class: listing the instance would evaluate its properties)."""
+    return [getattr(instance, name) for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+            if name not in ("reset", "get_reward") and not name.startswith("_")]
 
 
 class ToolRuntime:

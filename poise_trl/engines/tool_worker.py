@@ -1,4 +1,4 @@
-"""The worker process of a recipe's tools or of one environment instance (`run/tools.py`). Every worker imports
+"""The worker process of a recipe's tools or of one environment instance (`engines/tools.py`). Every worker imports
 this module, so it imports the standard library only."""
 
 from __future__ import annotations
@@ -8,6 +8,10 @@ import importlib
 import inspect
 import multiprocessing
 
+# The limits of tools and environments when a recipe sets none (run/recipe.py checks a recipe's own).
+DEFAULT_TOOL_TIMEOUT_S = 10.0
+DEFAULT_TOOL_RESULT_TOKENS = 512
+DEFAULT_TOOL_TURNS = 8  # max_tool_calling_iterations when a recipe has tools (TRL's default: no limit)
 STARTUP_TIMEOUT_S = 120.0  # a worker importing its tools (torch, a simulator) before its first call
 
 

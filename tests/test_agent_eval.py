@@ -163,28 +163,6 @@ def test_probe_eval_reads_the_policys_own_tokens_of_conversations(taught_model, 
     assert sum(mask) == rollout["num_tokens"]
 
 
-def test_policy_features_leave_the_tool_results_out(tiny_random_model_dir):
-    """The model reads the tool results; the features' pooled positions and entropy spans do not: with the tool
-    result masked the features equal those of the same pass where only the policy's tokens count."""
-    from poise_trl.core.loading import load_causal_lm
-    from poise_trl.evaluation.probe_eval import policy_token_features
-    from poise_trl.probe.capture import extract_features
-
-    model = load_causal_lm(str(tiny_random_model_dir))
-    torch.manual_seed(0)
-    prompt, completion = torch.randint(3, 60, (2, 6)), torch.randint(3, 60, (2, 24))
-    ones, tool = torch.ones_like(prompt), torch.ones_like(completion)
-    tool[:, 8:18] = 0  # a tool result in the middle of each conversation
-    masked = policy_token_features(model, prompt, ones, completion, torch.ones_like(completion), tool, -1, [1], 1.0)
-    whole = extract_features(model, prompt, ones, completion, torch.ones_like(completion), -1, [1], 2)
-    unmasked = policy_token_features(model, prompt, ones, completion, torch.ones_like(completion),
-                                     torch.ones_like(completion), -1, [1], 1.0)
-    assert torch.allclose(unmasked[1].entropy, whole[1].entropy) and torch.allclose(unmasked[1].prompt,
-                                                                                    whole[1].prompt)
-    assert not torch.allclose(masked[1].entropy, whole[1].entropy)  # 10 tool tokens fewer in the mean
-    assert torch.allclose(masked[1].prompt, whole[1].prompt)
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_bench_conversations_through_the_real_vllm_cpu_engine(taught_model, workspace):

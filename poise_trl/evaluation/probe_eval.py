@@ -46,15 +46,9 @@ from poise_trl.evaluation.bench import resolve_model
 from poise_trl.evaluation.bench_data import BENCHMARKS, data_fingerprint
 from poise_trl.evaluation.plots import plot_layer_sweep, plot_predictions, plot_transfer
 from poise_trl.evaluation.value_model import load_value_model, predict_value_model, train_value_model
-from poise_trl.probe.capture import HiddenStateCapture, extract_features
+from poise_trl.probe.capture import extract_features
 from poise_trl.probe.estimator import LinearValueProbe
-from poise_trl.probe.features import (
-    RolloutFeatures,
-    build_rollout_features,
-    pad_sequences,
-    resolve_layer_index,
-    token_entropy,
-)
+from poise_trl.probe.features import RolloutFeatures, pad_sequences, policy_span, resolve_layer_index
 from poise_trl.tasks import is_task, load_prompt_dataset, mix_entry, resolve_dataset, row_verifiers, score_rows
 from poise_trl.tasks.math_grader import answer_to_str
 from poise_trl.tasks.prompts import DATASETS, held_out_split
@@ -303,27 +297,6 @@ def _feature_chunks(lengths: list[int], max_rows: int) -> list[slice]:
     return chunks + [slice(start, len(lengths))] if lengths else chunks
 
 
-@torch.no_grad()
-def policy_token_features(model, prompt_ids, prompt_mask, completion_ids, completion_mask, tool_mask,
-                          think_end_id: int, layers: list[int], temperature: float) -> dict[int, RolloutFeatures]:
-    """`extract_features` of tool-calling conversations: the model reads every token of the completion, the
-    features only the policy's own (`tool_mask` 1): tool results are left out of the pooled positions and the
-    entropy spans, as TRL's `tool_mask` leaves them out of the loss."""
-    model.eval()
-    device, T = next(model.parameters()).device, completion_ids.shape[1]
-    policy_mask = completion_mask * tool_mask
-    with HiddenStateCapture(model, layers) as capture:
-        capture.set_batch(prompt_mask, completion_ids, policy_mask, think_end_id)
-        with capture.capturing():
-            logits = model(input_ids=torch.cat([prompt_ids, completion_ids], dim=1).to(device),
-                           attention_mask=torch.cat([prompt_mask, completion_mask], dim=1).to(device),
-                           use_cache=False, logits_to_keep=T + 1).logits
-        pooled = capture.pop()
-    entropy = token_entropy(logits[:, logits.shape[1] - T - 1: -1], temperature).cpu()
-    return {layer: build_rollout_features(prompt, response, entropy, completion_ids, policy_mask, think_end_id)
-            for layer, (prompt, response) in pooled.items()}
-
-
 def compute_features(
     policy: Policy, groups: list[dict], layers: list[int], temperature: float, batch_size: int, progress=None
 ) -> dict[int, RolloutFeatures]:
@@ -337,16 +310,14 @@ def compute_features(
         prompt_ids, prompt_mask = pad_sequences([p for p, _, _ in rows[chunk]], pad, left=True)
         completion_ids, completion_mask = pad_sequences([c for _, c, _ in rows[chunk]], pad, left=False)
         masks = [m for _, _, m in rows[chunk]]
+        tool_mask = None
+        if any(masks):  # the policy's own tokens, tool results masked, over POISE's default span
+            tool_mask, _ = pad_sequences([m or [1] * len(c) for (_, c, _), m in zip(rows[chunk], masks, strict=True)],
+                                         0, left=False)
         with one_cpu_thread(is_tiny_on_cpu(policy.model)):
-            if any(masks):
-                tool_mask, _ = pad_sequences([m or [1] * len(c) for (_, c, _), m in zip(rows[chunk], masks,
-                                                                                       strict=True)], 0, left=False)
-                out = policy_token_features(policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                            tool_mask, policy.think_end_id, layers, temperature)
-            else:
-                out = extract_features(policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                       policy.think_end_id, layers, batch_size=len(prompt_ids),
-                                       temperature=temperature)
+            out = extract_features(policy.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                   policy.think_end_id, layers, batch_size=len(prompt_ids), temperature=temperature,
+                                   feature_mask=policy_span(completion_mask, tool_mask, "last_turn"))
         for layer in layers:
             parts[layer].append(out[layer])
         if progress:

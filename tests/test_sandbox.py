@@ -41,7 +41,7 @@ def _host_processes_of_sandbox(open_files: int | None = None) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"def encode_plain" in cmdline or DAEMON_SLEEP.encode() in cmdline:
+        if sandbox._STUB.encode() in cmdline or DAEMON_SLEEP.encode() in cmdline:
             if open_files is None or cmdline.rstrip(b"\0").split(b"\0")[-5] == str(open_files).encode():
                 found.append(int(entry))
     return found

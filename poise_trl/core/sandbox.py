@@ -61,8 +61,8 @@ DENIED_SYSCALLS = (
 # fcntl commands refused: record locks (F_GETLK, F_SETLK, F_SETLKW), open-file-description locks (36-38),
 # leases, directory notification and pipe resizing (F_SETLEASE, F_NOTIFY, F_SETPIPE_SZ); Linux's values.
 DENIED_FCNTL = (5, 6, 7, 36, 37, 38, 1024, 1026, 1031)
-# Host-wide counters in /proc that other sandboxes move (memory, load, CPU and disk time, open files): each
-# reads as empty inside. CPU contention itself stays observable (docs/sandbox.md).
+# Host-wide counters in /proc that other sandboxes move (memory, load, CPU and disk time, open files): on
+# unshare each reads as empty inside (bwrap mounts no /proc). CPU contention itself stays observable (docs/sandbox.md).
 HIDDEN_PROC = ("meminfo", "loadavg", "stat", "vmstat", "uptime", "interrupts", "softirqs", "schedstat",
                "diskstats", "zoneinfo", "buddyinfo", "pagetypeinfo", "locks", "sys/fs/file-nr",
                "sys/fs/inode-nr", "sys/fs/dentry-state", "sys/kernel/random/entropy_avail")

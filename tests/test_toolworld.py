@@ -1,0 +1,100 @@
+"""The tool world (poise_trl/tasks/toolworld.py, `poise toy build --world toolworld`): a question that takes two
+dependent tool calls, its environment fresh for every rollout, the oracle conversation scoring 1 and a slipped one 0,
+the world's model built small, and GRPO training on it with the tool calls counted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import build_trainer
+from transformers import AutoTokenizer
+
+from poise_trl.run.tools import ToolError, ToolRuntime
+from poise_trl.run.toy import TOOLWORLD_ENVIRONMENT, build_toolworld_model, toolworld_tokenizer
+from poise_trl.tasks import score_rows, task_rows
+from poise_trl.tasks.toolworld import ToolWorld, solution
+
+
+def verifier(row) -> dict:
+    return json.loads(row["verifier"])
+
+
+def test_held_out_questions_ask_about_keys_no_training_row_holds():
+    train, test = task_rows("toolworld", "train", 500, 0), task_rows("toolworld", "test", 100, 0)
+    train_keys = {key for row in train for key in verifier(row)["table"]}
+    assert not train_keys & {key for row in test for key in verifier(row)["table"]}
+    for row in train + test:  # the table is hidden: the question names the key and the addend only
+        v = verifier(row)
+        assert row["prompt"][0]["content"] == f"What is the value of {v['key']} plus {v['addend']}?"
+        assert int(row["answer"]) == v["table"][v["key"]] + v["addend"]
+    assert task_rows("toolworld", "test", 100, 0) == test  # deterministic from the seed
+
+
+def test_the_oracle_conversation_scores_1_and_a_slipped_one_0():
+    rows = task_rows("toolworld", "test", 50, 3)
+    environment = ToolWorld()
+    finals = []
+    for row in rows:
+        environment.reset(**row)
+        (lookup, value), (add, total), (final, _) = solution(verifier(row))
+        assert str(environment.lookup(**json.loads(lookup.split("\n")[1])["arguments"])) == value
+        assert str(environment.add(**json.loads(add.split("\n")[1])["arguments"])) == total
+        finals.append(final)
+    assert score_rows(finals, [r["task"] for r in rows], [r["verifier"] for r in rows]) == [1.0] * len(rows)
+    wrong = [final.replace(">", ">1", 1) for final in finals]  # another number
+    assert score_rows(wrong, [r["task"] for r in rows], [r["verifier"] for r in rows]) == [0.0] * len(rows)
+    # a conversation whose add() was fed a miscopied value ends on a wrong answer
+    import random
+
+    slipped = solution(verifier(rows[0]), slip_rate=1.0, rng=random.Random(0))
+    assert score_rows([slipped[-1][0]], ["toolworld"], [rows[0]["verifier"]]) == [0.0]
+
+
+def test_each_rollout_gets_a_fresh_environment_with_its_own_table():
+    first, second = task_rows("toolworld", "test", 2, 0)
+    tools = ToolRuntime([], TOOLWORLD_ENVIRONMENT, 10.0, 64, toolworld_tokenizer())
+    environment = tools.environment_factory(ToolWorld)
+    a, b = environment(), environment()
+    a.reset(**first), b.reset(**second)
+    key = verifier(first)["key"]
+    assert a.lookup(key=key) == str(verifier(first)["table"][key])
+    with pytest.raises(ToolError, match="no key"):  # the other rollout's table does not hold it
+        b.lookup(key=key)
+    assert a.calls == [["lookup", key]] and b.calls == [["lookup", key]]
+    a.reset(**second)  # the next prompt: its own table, no call of the last rollout left
+    assert a.calls == [] and a.table == verifier(second)["table"]
+    tools.close()
+
+
+@pytest.fixture(scope="module")
+def small_world(tmp_path_factory):
+    """The world's model from a short supervised run (the study builds it with the default settings)."""
+    out = tmp_path_factory.mktemp("toolworld")
+    card = build_toolworld_model(out, max_steps=60, eval_rows=8, progress=False)
+    return out, card
+
+
+@pytest.mark.slow
+def test_the_world_builds_and_plays_its_tools(small_world):
+    out, card = small_world
+    assert (out / "model.safetensors").stat().st_size < 3_000_000
+    assert card["heldout_sampled_accuracy"]["num_prompts"] == 8
+    assert card["heldout_accuracy_without_tools"]["accuracy"] == 0.0  # the table is out of its reach
+    saved = AutoTokenizer.from_pretrained(out)  # the compact template, and TRL's parser of Qwen3's tool calls
+    assert saved.chat_template == toolworld_tokenizer().chat_template and saved.response_template is not None
+
+
+@pytest.mark.slow
+def test_grpo_trains_with_the_tools_and_counts_their_calls(tmp_path, small_world):
+    out, _ = small_world
+    recipe = {"algo": "grpo", "model": str(out), "dataset": "toolworld", "environment": TOOLWORLD_ENVIRONMENT,
+              "max_tool_calling_iterations": 3, "dataset_size": 8, "eval_limit": 4, "eval_every": 0,
+              "eval_num_samples": 1, "per_device_train_batch_size": 4, "num_generations": 2,
+              "max_completion_length": 320, "max_steps": 1, "logging_steps": 1, "save_strategy": "no",
+              "learning_rate": 1e-4, "seed": 0, "rewards": ["task"], "temperature": 0.5}
+    trainer = build_trainer(recipe, tmp_path / "run")
+    trainer.train()
+    (log,) = [entry for entry in trainer.state.log_history if "tools/calls" in entry]
+    assert log["tools/calls"] >= 4 and log["tools/turns_per_rollout"] > 1, log
+    assert trainer.state.global_step == 1

@@ -1,11 +1,12 @@
 """The tool world's study: GRPO and POISE with tools on, 3 seeds each at equal generated tokens, held-out success
 before and after with `poise compare`'s intervals, tool calls per rollout, and the tools-off baseline.
 
-Builds the world's model (`poise toy build --world toolworld`, seed 0) into OUTPUT/tiny-qwen3-toolworld unless it is
-there, runs `poise compare` on recipes/toy/grpo_toolworld.yaml and recipes/toy/poise_toolworld.yaml (one compare
-process per recipe, side by side: the machine's two cores), aggregates them with `--aggregate-only`, and writes
-OUTPUT/study.json beside compare.json. The tools-off baseline is the same model on each seed's held-out questions
-with no tools (recipes/toy/grpo_toolworld_no_tools.yaml's evaluation), sampled as the runs' evaluations sample.
+Builds the world's model (`poise toy build --world toolworld`, seed 0) into --world (./tiny-qwen3-toolworld, as
+the recipes name it) unless it is there, runs `poise compare` on recipes/toy/grpo_toolworld.yaml and
+recipes/toy/poise_toolworld.yaml (one compare process per recipe, side by side: the machine's two cores),
+aggregates them with `--aggregate-only`, and writes OUTPUT/study.json beside compare.json. The tools-off baseline
+is the same model on each seed's held-out questions with no tools (recipes/toy/grpo_toolworld_no_tools.yaml's
+evaluation), sampled as the runs' evaluations sample.
 
     python benchmarks/toolworld_study.py [--budget-tokens 60000] [--seeds 3] [-o benchmarks/results/compare_toolworld]
 """
@@ -80,10 +81,11 @@ def main() -> None:
     parser.add_argument("--budget-tokens", type=int, default=60000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval-points", type=int, default=2)
+    parser.add_argument("--world", type=Path, default=Path("tiny-qwen3-toolworld"))
     parser.add_argument("-o", "--output", type=Path, default=ROOT / "benchmarks" / "results" / "compare_toolworld")
     args = parser.parse_args()
     started = time.time()
-    model = args.output / "tiny-qwen3-toolworld"
+    model = args.world.resolve()
     world = build_world(model)
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     running = [subprocess.Popen(compare([recipe], args, model), env=environment) for recipe in RECIPES.values()]
@@ -96,7 +98,7 @@ def main() -> None:
     payload = {
         "command": "python benchmarks/toolworld_study.py " + " ".join(sys.argv[1:]),
         "code_version": commit.stdout.strip(),
-        "config": vars(args) | {"output": str(args.output.relative_to(ROOT)), "recipes": {
+        "config": vars(args) | {"output": str(args.output.relative_to(ROOT)), "world": str(args.world), "recipes": {
             name: str(path.relative_to(ROOT)) for name, path in RECIPES.items()}},
         "world": {key: world[key] for key in ("sft", "build_seconds", "train_seconds", "heldout_sampled_accuracy",
                                               "heldout_accuracy_without_tools", "parameters")},

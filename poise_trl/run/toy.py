@@ -549,7 +549,7 @@ def toolworld_sft_dataset(n: int, seed: int, tokenizer, slip_rate: float = TOOLW
     TRL's tool loop concatenates the prompt, the replies and the tool results, so the taught text is what the model
     will read and write in a rollout."""
     rng = random.Random(seed)
-    schemas = [getattr(toolworld.ToolWorld(), name) for name in ("lookup", "add")]
+    schemas = [getattr(toolworld.ToolWorld(), name) for name in ("add", "lookup")]  # TRL's order: by name
     rows = []
     for row in toolworld.build_rows(None, {}, "train", n, seed):
         messages, ids, mask = list(row["prompt"]), [], []
@@ -575,7 +575,7 @@ def toolworld_sft_dataset(n: int, seed: int, tokenizer, slip_rate: float = TOOLW
 def build_toolworld_model(
     output_dir: str | Path,
     seed: int = 0,
-    max_steps: int = 200,
+    max_steps: int = 100,
     base_dir: str | Path | None = None,
     learning_rate: float = 2e-3,
     batch_size: int = 16,

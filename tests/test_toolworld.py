@@ -27,15 +27,15 @@ def verifier(row) -> dict:
     return json.loads(row["verifier"])
 
 
-def test_held_out_questions_ask_about_keys_no_training_row_holds():
+def test_every_row_hides_its_own_table_and_the_splits_are_drawn_apart():
     train, test = task_rows("toolworld", "train", 500, 0), task_rows("toolworld", "test", 100, 0)
-    train_keys = {key for row in train for key in verifier(row)["table"]}
-    assert not train_keys & {key for row in test for key in verifier(row)["table"]}
+    assert not {r["prompt"][0]["content"] for r in train} & {r["prompt"][0]["content"] for r in test}
     for row in train + test:  # the table is hidden: the question names the key and the addend only
         v = verifier(row)
         assert row["prompt"][0]["content"] == f"What is the value of {v['key']} plus {v['addend']}?"
-        assert int(row["answer"]) == v["table"][v["key"]] + v["addend"]
+        assert int(row["answer"]) == v["table"][v["key"]] + v["addend"] and len(v["table"]) == 4
     assert task_rows("toolworld", "test", 100, 0) == test  # deterministic from the seed
+    assert task_rows("toolworld", "test", 100, 1) != test
 
 
 def test_the_oracle_conversation_scores_1_and_a_slipped_one_0():

@@ -634,8 +634,8 @@ A {card['parameters']:,}-parameter `Qwen3ForCausalLM`: `data/{card['base_model']
 `SFTTrainer` to answer `toolworld` questions ("What is the value of KEY plus K?", the value in a table hidden in the
 environment `{card['environment']}`) by calling `lookup(key)`, then `add(value, K)` with the looked-up value, then
 answering `<answer>SUM</answer>`. Each number it copies is off by one in {card['sft']['slip_rate']:.0%} of its
-training conversations, so its answers are often wrong: RL has room to help. Training keys start with a-m, held-out
-keys with n-z.
+training conversations, so its answers are often wrong: RL has room to help. Every row draws its own table, so no
+held-out answer is in the taught conversations.
 
 Made by `poise toy build --world toolworld --output-dir <dir> --seed {card['sft']['seed']} --max-steps
 {card['sft']['max_steps']}` in {card['build_seconds']} s ({card['train_seconds']} s of it supervised training) on a

@@ -3,8 +3,9 @@
 Each row hides a table of four three-letter keys and two-digit values (in its verifier, never in its prompt) and
 asks "What is the value of KEY plus K?". Its environment (`ToolWorld`, one instance per rollout, TRL's
 `environment_factory` style) answers `lookup(key)` from the row's table and `add(a, b)`: the answer is right when
-the looked-up value fed the sum. Training keys start with a-m, held-out keys with n-z, so no held-out question, and
-no held-out answer, is in any training row. Scored on the final `<answer>...</answer>`. Details: docs/tasks.md.
+the looked-up value fed the sum. Each row draws its own table, so no held-out answer is in any training row, and
+held-out rows come from another random stream (a run drops any held-out question a training row asks). Scored on
+the final `<answer>...</answer>`. Details: docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import string
 from poise_trl.tasks.family import TaskError, TaskFamily, extract_tagged_answer
 
 TABLE_SIZE = 4
-FIRST_LETTERS = {"train": string.ascii_lowercase[:13], "test": string.ascii_lowercase[13:]}
+FIRST_LETTERS = string.ascii_lowercase[:13]  # a key's first letter; its other two are any letter
 DEFAULT_SIZE = {"train": 2000, "test": 200}
 
 
 def make_row(rng: random.Random, split: str, index: int) -> dict:
     keys: set[str] = set()
     while len(keys) < TABLE_SIZE:
-        keys.add(rng.choice(FIRST_LETTERS[split]) + "".join(rng.choices(string.ascii_lowercase, k=2)))
+        keys.add(rng.choice(FIRST_LETTERS) + "".join(rng.choices(string.ascii_lowercase, k=2)))
     table = {key: rng.randint(10, 99) for key in sorted(keys)}
     key, addend = rng.choice(sorted(table)), rng.randint(10, 99)
     return {"id": f"toolworld/{split}/{index}",
@@ -35,7 +36,7 @@ def make_row(rng: random.Random, split: str, index: int) -> dict:
 def build_rows(variant: str | None, config: dict, split: str, size: int | None, seed: int) -> list[dict]:
     if variant is not None:
         raise TaskError(f"task toolworld has no variants; give toolworld, not toolworld:{variant}")
-    if split not in FIRST_LETTERS:
+    if split not in DEFAULT_SIZE:
         raise TaskError(f"unknown split {split!r} for toolworld; use 'train' or 'test'")
     rng = random.Random(f"toolworld/{split}/{seed}")
     return [make_row(rng, split, index) for index in range(size or DEFAULT_SIZE[split])]

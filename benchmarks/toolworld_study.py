@@ -14,6 +14,7 @@ evaluation), sampled as the runs' evaluations sample.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -31,17 +32,18 @@ RECIPES = {name: ROOT / "recipes" / "toy" / f"{name}.yaml" for name in ("grpo_to
 BASELINE = ROOT / "recipes" / "toy" / "grpo_toolworld_no_tools.yaml"
 
 
-def build_world(folder: Path) -> dict:
-    """The world in two supervised stages of 100 steps (seed 0 from the toy-arith model, then seed 1 from it, each
-    with fresh conversations): after the first, the model still miscopies most keys (docs/studies.md)."""
-    first = folder.with_name(folder.name + "-stage1")
-    for out, seed, base in ((first, 0, None), (folder, 1, first)):
+def build_world(folder: Path, stages: int) -> dict:
+    """The world in `stages` supervised stages of 100 steps (seed 0 from the toy-arith model, then seed k from stage
+    k, each on fresh conversations): one stage leaves the model miscopying most keys (docs/studies.md)."""
+    outs = [folder.with_name(f"{folder.name}-stage{k}") for k in range(1, stages)] + [folder]
+    cards = {}
+    for seed, out in enumerate(outs):
         if not (out / "build_info.json").exists():
             from poise_trl.run.toy import build_toolworld_model  # noqa: PLC0415 (torch loads only to build)
 
-            build_toolworld_model(out, seed=seed, base_dir=base, progress=False)
-    return {f"stage{stage}": json.loads((out / "build_info.json").read_text()) for stage, out in ((1, first),
-                                                                                                 (2, folder))}
+            build_toolworld_model(out, seed=seed, base_dir=outs[seed - 1] if seed else None, progress=False)
+        cards[f"stage{seed + 1}"] = json.loads((out / "build_info.json").read_text())
+    return cards
 
 
 def compare(recipes: list[Path], args, model: Path, aggregate_only: bool = False) -> list[str]:
@@ -51,23 +53,34 @@ def compare(recipes: list[Path], args, model: Path, aggregate_only: bool = False
             *(["--aggregate-only"] if aggregate_only else [])]
 
 
-def tools_off(model: Path, seeds: int) -> dict:
-    """Held-out success of the model with no tools, on each seed's held-out questions, as a run evaluates."""
+def held_out(model: Path, seeds: int, recipe: Path) -> dict:
+    """Held-out success of the model on each seed's held-out questions as a run of `recipe` evaluates it (with its
+    environment's tools when it has one): the start of that recipe's runs."""
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
     from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy  # noqa: PLC0415
     from poise_trl.run.build import load_datasets  # noqa: PLC0415
+    from poise_trl.run.tools import ToolRuntime  # noqa: PLC0415
     from poise_trl.run.toy import toolworld_tokenizer  # noqa: PLC0415
+    from poise_trl.tasks.toolworld import ToolWorld  # noqa: PLC0415
 
-    engine = TransformersEngine(AutoModelForCausalLM.from_pretrained(model), toolworld_tokenizer(), batch_size=128)
+    tokenizer = toolworld_tokenizer()
+    engine = TransformersEngine(AutoModelForCausalLM.from_pretrained(model), tokenizer, batch_size=128)
+    plan = parse_recipe(load_recipe(recipe, [f"model={model}"]))
+    runtime, play = None, None
+    if plan.settings.environment:
+        runtime = ToolRuntime([], plan.settings.environment, 10.0, plan.settings.tool_result_tokens, tokenizer)
+        runtime.environment_factory(ToolWorld)
+        play = functools.partial(runtime.play, max_turns=plan.args.max_tool_calling_iterations)
     by_seed = {}
     for seed in range(seeds):
-        settings = parse_recipe(load_recipe(BASELINE, [f"model={model}", f"seed={seed}"])).settings
-        _, eval_set = load_datasets(settings, seed)
-        by_seed[seed] = evaluate_accuracy(engine, eval_set, num_samples=settings.eval_num_samples, temperature=1.0,
-                                          max_new_tokens=settings.eval_max_new_tokens, seed=seed)["accuracy"]
-    return {"recipe": str(BASELINE.relative_to(ROOT)), "by_seed": by_seed,
-            "mean": statistics.fmean(by_seed.values())}
+        _, eval_set = load_datasets(plan.settings, seed)
+        by_seed[seed] = evaluate_accuracy(engine, eval_set, num_samples=plan.settings.eval_num_samples,
+                                          temperature=1.0, max_new_tokens=plan.settings.eval_max_new_tokens,
+                                          seed=seed, play=play)["accuracy"]
+    if runtime is not None:
+        runtime.close()
+    return {"recipe": str(recipe.relative_to(ROOT)), "by_seed": by_seed, "mean": statistics.fmean(by_seed.values())}
 
 
 def tool_use(folder: Path, batch: int) -> dict:
@@ -87,11 +100,28 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval-points", type=int, default=2)
     parser.add_argument("--world", type=Path, default=Path("tiny-qwen3-toolworld"))
+    parser.add_argument("--stages", type=int, default=3, help="supervised stages of the world's build")
+    parser.add_argument("--build-only", action="store_true", help="build and evaluate the world; no training")
     parser.add_argument("-o", "--output", type=Path, default=ROOT / "benchmarks" / "results" / "compare_toolworld")
     args = parser.parse_args()
     started = time.time()
     model = args.world.resolve()
-    world = build_world(model)
+    world = build_world(model, args.stages)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    provenance = {"code_version": commit.stdout.strip(), "versions": package_versions(), "machine": {
+        "cpu_count": os.cpu_count(), "platform": platform.platform(),
+        "note": "2 shared CPU cores (other engineers' jobs ran beside it), 1-2 torch threads, no GPU"}}
+    worlds = {stage: {key: card[key] for key in ("sft", "build_seconds", "train_seconds", "base_model")}
+              for stage, card in world.items()}
+    start = {"tools_off_baseline": held_out(model, args.seeds, BASELINE)}  # with tools: the runs' own start
+    if args.build_only:
+        start["with_tools"] = held_out(model, args.seeds, RECIPES["grpo_toolworld"])
+    if args.build_only:  # the world's held-out success before any training, and nothing else
+        payload = {"command": "python benchmarks/toolworld_study.py " + " ".join(sys.argv[1:]), "world": worlds,
+                   "held_out_before_training": start, **provenance}
+        write_json(args.output.with_name(args.output.name + "_build.json"), payload)
+        print(json.dumps(start, indent=1))
+        return
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     running = [subprocess.Popen(compare([recipe], args, model), env=environment) for recipe in RECIPES.values()]
     if any(process.wait() for process in running):
@@ -99,16 +129,13 @@ def main() -> None:
     subprocess.run(compare(list(RECIPES.values()), args, model, aggregate_only=True), env=environment, check=True)
     report = json.loads((args.output / "compare.json").read_text())
     batch = {name: load_recipe(path)["per_device_train_batch_size"] for name, path in RECIPES.items()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     payload = {
         "command": "python benchmarks/toolworld_study.py " + " ".join(sys.argv[1:]),
-        "code_version": commit.stdout.strip(),
-        "config": vars(args) | {"output": str(args.output.relative_to(ROOT)), "world": str(args.world), "recipes": {
-            name: str(path.relative_to(ROOT)) for name, path in RECIPES.items()}},
-        "world": {stage: {key: card[key] for key in ("sft", "build_seconds", "train_seconds", "base_model",
-                                                     "heldout_sampled_accuracy", "heldout_accuracy_without_tools")}
-                  for stage, card in world.items()},
-        "tools_off_baseline": tools_off(model, args.seeds),
+        "config": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+        | {"output": str(args.output.relative_to(ROOT)),
+           "recipes": {name: str(path.relative_to(ROOT)) for name, path in RECIPES.items()}},
+        "world": worlds,
+        "held_out_before_training": start,
         "tool_use": {name: {seed: tool_use(args.output / "runs" / name / f"seed{seed}", batch[name])
                             for seed in range(args.seeds)} for name in RECIPES},
         "rise": {name: report["differences"][f"{name} - start"]["final"] for name in RECIPES},
@@ -116,12 +143,11 @@ def main() -> None:
         "start_accuracy": {name: report["results"][name]["start_accuracy"] for name in RECIPES},
         "poise_minus_grpo": report["differences"]["poise_toolworld - grpo_toolworld"]["final"],
         "study_seconds": round(time.time() - started, 1),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "note": "2 shared CPU cores (other engineers' jobs ran beside it), 1 torch thread a run, no GPU"},
-        "versions": package_versions(),
+        **provenance,
     }
     write_json(args.output / "study.json", payload)
-    print(json.dumps({key: payload[key] for key in ("tools_off_baseline", "rise", "poise_minus_grpo")}, indent=1))
+    print(json.dumps({key: payload[key] for key in ("held_out_before_training", "rise", "poise_minus_grpo")},
+                     indent=1))
 
 
 if __name__ == "__main__":

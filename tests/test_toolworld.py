@@ -32,7 +32,7 @@ def test_every_row_hides_its_own_table_and_the_splits_are_drawn_apart():
     assert not {r["prompt"][0]["content"] for r in train} & {r["prompt"][0]["content"] for r in test}
     for row in train + test:  # the table is hidden: the question names the key and the addend only
         v = verifier(row)
-        assert row["prompt"][0]["content"] == f"What is the value of {v['key']} plus {v['addend']}?"
+        assert row["prompt"][0]["content"] == f"What is the value of key {v['key']} plus {v['addend']}?"
         assert int(row["answer"]) == v["table"][v["key"]] + v["addend"] and len(v["table"]) == 4
     assert task_rows("toolworld", "test", 100, 0) == test  # deterministic from the seed
     assert task_rows("toolworld", "test", 100, 1) != test

@@ -1,7 +1,7 @@
 """`toolworld`: a question about a hidden table that takes two dependent tool calls to answer.
 
-Each row hides a table of four three-letter keys and two-digit values (in its verifier, never in its prompt) and
-asks "What is the value of KEY plus K?". Its environment (`ToolWorld`, one instance per rollout, TRL's
+Each row hides a table of four three-digit keys and two-digit values (in its verifier, never in its prompt) and
+asks "What is the value of key KEY plus K?". Its environment (`ToolWorld`, one instance per rollout, TRL's
 `environment_factory` style) answers `lookup(key)` from the row's table and `add(a, b)`: the answer is right when
 the looked-up value fed the sum. Each row draws its own table, so no held-out answer is in any training row, and
 held-out rows come from another random stream (a run drops any held-out question a training row asks). Scored on
@@ -12,23 +12,21 @@ from __future__ import annotations
 
 import json
 import random
-import string
 
 from poise_trl.tasks.family import TaskError, TaskFamily, extract_tagged_answer
 
 TABLE_SIZE = 4
-FIRST_LETTERS = string.ascii_lowercase[:13]  # a key's first letter; its other two are any letter
 DEFAULT_SIZE = {"train": 2000, "test": 200}
 
 
 def make_row(rng: random.Random, split: str, index: int) -> dict:
     keys: set[str] = set()
-    while len(keys) < TABLE_SIZE:
-        keys.add(rng.choice(FIRST_LETTERS) + "".join(rng.choices(string.ascii_lowercase, k=2)))
+    while len(keys) < TABLE_SIZE:  # digits: the toy-arith model copies them, and 300 SFT steps did not teach letters
+        keys.add(str(rng.randint(100, 999)))
     table = {key: rng.randint(10, 99) for key in sorted(keys)}
     key, addend = rng.choice(sorted(table)), rng.randint(10, 99)
     return {"id": f"toolworld/{split}/{index}",
-            "prompt": [{"role": "user", "content": f"What is the value of {key} plus {addend}?"}],
+            "prompt": [{"role": "user", "content": f"What is the value of key {key} plus {addend}?"}],
             "answer": table[key] + addend,
             "verifier": {"answer": table[key] + addend, "table": table, "key": key, "addend": addend}}
 

@@ -8,7 +8,7 @@ aggregates them with `--aggregate-only`, and writes OUTPUT/study.json beside com
 is the same model on each seed's held-out questions with no tools (recipes/toy/grpo_toolworld_no_tools.yaml's
 evaluation), sampled as the runs' evaluations sample.
 
-    python benchmarks/toolworld_study.py [--budget-tokens 60000] [--seeds 3] [-o benchmarks/results/compare_toolworld]
+    python benchmarks/toolworld_study.py [--budget-tokens 200000] [--seeds 3] [-o benchmarks/results/compare_toolworld]
 """
 
 from __future__ import annotations
@@ -33,15 +33,16 @@ BASELINE = ROOT / "recipes" / "toy" / "grpo_toolworld_no_tools.yaml"
 
 
 def build_world(folder: Path, stages: int) -> dict:
-    """The world in `stages` supervised stages of 100 steps (seed 0 from the toy-arith model, then seed k from stage
-    k, each on fresh conversations): one stage leaves the model miscopying most keys (docs/studies.md)."""
+    """The world in `stages` supervised stages of 100 steps, each a build of its own (seed 0 from the toy-arith
+    model, then seed k from stage k), so that each stage's card holds its held-out success (docs/studies.md)."""
     outs = [folder.with_name(f"{folder.name}-stage{k}") for k in range(1, stages)] + [folder]
     cards = {}
     for seed, out in enumerate(outs):
         if not (out / "build_info.json").exists():
             from poise_trl.run.toy import build_toolworld_model  # noqa: PLC0415 (torch loads only to build)
 
-            build_toolworld_model(out, seed=seed, base_dir=outs[seed - 1] if seed else None, progress=False)
+            build_toolworld_model(out, seed=seed, base_dir=outs[seed - 1] if seed else None, stages=1,
+                                  progress=False)
         cards[f"stage{seed + 1}"] = json.loads((out / "build_info.json").read_text())
     return cards
 
@@ -96,7 +97,7 @@ def tool_use(folder: Path, batch: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget-tokens", type=int, default=60000)
+    parser.add_argument("--budget-tokens", type=int, default=200000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval-points", type=int, default=2)
     parser.add_argument("--world", type=Path, default=Path("tiny-qwen3-toolworld"))

@@ -77,7 +77,8 @@ def test_each_rollout_gets_a_fresh_environment_with_its_own_table():
 @pytest.mark.slow
 def test_the_world_builds_end_to_end(tmp_path):
     """The build's every part, cut short (the study builds it with the default settings)."""
-    card = build_toolworld_model(tmp_path, max_steps=2, batch_size=4, eval_samples=1, eval_rows=4, progress=False)
+    card = build_toolworld_model(tmp_path, max_steps=2, batch_size=4, stages=1, eval_samples=1, eval_rows=4,
+                                 progress=False)
     assert (tmp_path / "model.safetensors").stat().st_size < 3_000_000
     assert card["heldout_sampled_accuracy"]["num_prompts"] == 4 and card["sft"]["max_steps"] == 2
     assert card["heldout_accuracy_without_tools"]["accuracy"] == 0.0  # the table is out of its reach

@@ -150,6 +150,7 @@ class ToolRuntime:
         `pool_size` conversations at a time), until a reply calls nothing or `max_turns` tool turns ran. A failed call
         answers `{'error': ...}`, as in TRL's loop. One `Sample` per conversation: the last reply's text, the tokens
         of all the model's replies."""
+        counts = self.calls, self.errors, self.timeouts  # an evaluation's calls are not the training step's
         rows = dataset.to_list()
         jobs = [index for index in range(len(rows)) for _ in range(num_samples)]
         pool_size = max(len(self.environments), PLAY_POOL) if self.environment_class else len(jobs)
@@ -185,6 +186,7 @@ class ToolRuntime:
             samples += [Sample(index, turns[-1].text, sum(s.num_tokens for s in turns), turns[-1].truncated,
                                [t for s in turns for t in s.token_ids])
                         for index, turns in zip(chunk, replies, strict=True)]
+        self.calls, self.errors, self.timeouts = counts
         return samples
 
     @staticmethod

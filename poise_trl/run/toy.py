@@ -579,22 +579,26 @@ def build_toolworld_model(
     base_dir: str | Path | None = None,
     learning_rate: float = 2e-3,
     batch_size: int = 16,
+    stages: int = 3,
     eval_samples: int = 2,
     eval_rows: int = TOOLWORLD_EVAL_ROWS,
     progress: bool = True,
     overwrite: bool = False,
 ) -> dict:
-    """`build_tiny_model` for the tool world: the toy-arith model (`base_dir`) taught `toolworld` conversations;
-    the card holds held-out success with the tools (played as in training) and without them."""
+    """`build_tiny_model` for the tool world: the toy-arith model (`base_dir`) taught `toolworld` conversations in
+    `stages` runs of `max_steps` (stage k: seed + k, fresh conversations, its own cosine schedule; two leave the
+    answers' copy of the sum unlearned); the card holds held-out success with the tools (played as in training)
+    and without them."""
     output_dir = checked_output_dir(output_dir, overwrite)
     base_dir = Path(base_dir or BUNDLED_DATA / "tiny-qwen3")
     started = time.time()
-    random.seed(seed)
     tokenizer = toolworld_tokenizer()
     model = Qwen3ForCausalLM.from_pretrained(base_dir)
-    dataset = toolworld_sft_dataset(max_steps * batch_size, seed + 1, tokenizer)
-    supervise(model, tokenizer, dataset, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-              seed=seed, progress=progress, max_length=model.config.max_position_embeddings)
+    for stage_seed in range(seed, seed + stages):
+        random.seed(stage_seed)
+        dataset = toolworld_sft_dataset(max_steps * batch_size, stage_seed + 1, tokenizer)
+        supervise(model, tokenizer, dataset, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+                  seed=stage_seed, progress=progress, max_length=model.config.max_position_embeddings)
     train_seconds = time.time() - started
 
     model.eval()
@@ -613,8 +617,8 @@ def build_toolworld_model(
         "parameters": sum(p.numel() for p in model.parameters()),
         "base_model": base_dir.name,
         "environment": TOOLWORLD_ENVIRONMENT,
-        "sft": {"max_steps": max_steps, "batch_size": batch_size, "learning_rate": learning_rate,
-                "slip_rate": TOOLWORLD_SLIP_RATE, "rows": len(dataset), "seed": seed},
+        "sft": {"max_steps": max_steps, "stages": stages, "batch_size": batch_size, "learning_rate": learning_rate,
+                "slip_rate": TOOLWORLD_SLIP_RATE, "rows": stages * len(dataset), "seed": seed},
         "train_seconds": round(train_seconds, 1),
         "build_seconds": round(time.time() - started, 1),
         "torch_threads": torch.get_num_threads(),
@@ -638,8 +642,9 @@ training conversations, so its answers are often wrong: RL has room to help. Eve
 held-out answer is in the taught conversations.
 
 Made by `poise toy build --world toolworld --output-dir <dir> --seed {card['sft']['seed']} --max-steps
-{card['sft']['max_steps']}` in {card['build_seconds']} s ({card['train_seconds']} s of it supervised training) on a
-2-core CPU with {card['torch_threads']} torch thread(s) (SFT settings: {json.dumps(card['sft'])}).
+{card['sft']['max_steps']}` ({card['sft'].get('stages', 1)} supervised stages of that many steps) in
+{card['build_seconds']} s ({card['train_seconds']} s of it supervised training) on a 2-core CPU with
+{card['torch_threads']} torch thread(s) (SFT settings: {json.dumps(card['sft'])}).
 
 Held-out success, temperature 1.0, {with_tools['num_samples']} samples on each of {with_tools['num_prompts']}
 held-out questions: **{with_tools['accuracy']:.3f}** with the tools (conversations played as TRL's tool loop plays

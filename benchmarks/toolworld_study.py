@@ -142,12 +142,12 @@ def main() -> None:
         "rise": {name: report["differences"][f"{name} - start"]["final"] for name in RECIPES},
         "final_accuracy": {name: report["results"][name]["final_accuracy"] for name in RECIPES},
         "start_accuracy": {name: report["results"][name]["start_accuracy"] for name in RECIPES},
-        "poise_minus_grpo": report["differences"]["poise_toolworld - grpo_toolworld"]["final"],
+        "grpo_minus_poise": report["differences"]["grpo_toolworld - poise_toolworld"]["final"],
         "study_seconds": round(time.time() - started, 1),
         **provenance,
     }
     write_json(args.output / "study.json", payload)
-    print(json.dumps({key: payload[key] for key in ("held_out_before_training", "rise", "poise_minus_grpo")},
+    print(json.dumps({key: payload[key] for key in ("held_out_before_training", "rise", "grpo_minus_poise")},
                      indent=1))
 
 

@@ -195,7 +195,8 @@ def toy_build(
     world: str = typer.Option("toy-arith", "--world", help="toy-arith: the tiny model taught toy-arith; multitask: "
                               "that model taught three reasoning-gym tasks besides; qwen3-shape: a "
                               "random-init Qwen3 at a real geometry with Qwen3's own tokenizer (default "
-                              "folder: ./qwen3-shape-SIZE)."),
+                              "folder: ./qwen3-shape-SIZE); toolworld: that model taught to answer with two "
+                              "dependent tool calls (default folder: ./tiny-qwen3-toolworld)."),
     size: str = typer.Option(None, "--size", help="qwen3-shape only: the geometry, 0.6b (default), 1.7b "
                              "or 4b."),
     layers: int = typer.Option(None, "--layers", help="qwen3-shape only: decoder layers (default: the real "
@@ -224,7 +225,8 @@ def toy_build(
     elif size is not None or layers is not None:
         fail("--size and --layers build the qwen3-shape world: give --world qwen3-shape, or leave them out")
         return
-    output_dir = output_dir or BUNDLED_DATA / default_dir
+    bundled = BUNDLED_DATA / default_dir
+    output_dir = output_dir or (bundled if bundled.exists() else Path(default_dir))  # toolworld: built on demand
     try:
         card = build(output_dir, seed=seed, overwrite=overwrite, **options)
     except user_errors() as exc:

@@ -171,10 +171,11 @@ def sample_transformers(
     seed: int = 0,
     on_batch: Callable[[list[Sample]], None] | None = None,
     prompt_indices: Sequence[int] | None = None,
+    chat_template_kwargs: dict | None = None,
 ) -> list[Sample]:
     """`num_samples` completions per prompt, batched over (prompt, sample) pairs; `on_batch` per batch;
     `max_new_tokens` one budget, or one per prompt."""
-    texts = render_prompts(tokenizer, prompts)
+    texts = render_prompts(tokenizer, prompts, chat_template_kwargs)
     indices = list(prompt_indices) if prompt_indices is not None else list(range(len(prompts)))
     budgets = [max_new_tokens] * len(texts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     jobs = [(i, t, b) for i, t, b in zip(indices, texts, budgets, strict=True) for _ in range(num_samples)]
@@ -296,13 +297,14 @@ def sample_vllm(
     seed: int = 0,
     on_batch: Callable[[list[Sample]], None] | None = None,
     prompt_indices: Sequence[int] | None = None,
+    chat_template_kwargs: dict | None = None,
 ) -> list[Sample]:
     """Same contract as `sample_transformers`, on an `LLM` or a model path; each prompt has its own seed."""
     from vllm import SamplingParams  # noqa: PLC0415 (optional: `vllm` extra)
 
     llm = vllm_engine(str(engine)) if isinstance(engine, str | Path) else engine
     tokenizer = llm.get_tokenizer()
-    texts = render_prompts(tokenizer, prompts)
+    texts = render_prompts(tokenizer, prompts, chat_template_kwargs)
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     indices = list(prompt_indices) if prompt_indices is not None else list(range(len(prompts)))
     budgets = [max_new_tokens] * len(texts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -363,7 +365,7 @@ class Engine:
 
     def sample(self, prompts: Sequence[list[dict]], num_samples: int, *, temperature: float, top_p: float = 1.0,
                max_new_tokens: int = 256, seed: int = 0, on_batch: Callable[[list[Sample]], None] | None = None,
-               prompt_indices: Sequence[int] | None = None) -> list[Sample]:
+               prompt_indices: Sequence[int] | None = None, chat_template_kwargs: dict | None = None) -> list[Sample]:
         raise NotImplementedError
 
 
@@ -428,13 +430,16 @@ def evaluate_accuracy(
     max_new_tokens: int = 256,
     seed: int = 0,
     keep_per_prompt: bool = False,
+    play: Callable | None = None,
 ) -> dict:
     """Avg@num_samples on a prompt dataset (task rows scored by their own verifier), with its standard error.
 
     Overall, per level and per task; with `keep_per_prompt`, each prompt's Avg@k (`poise compare` pairs them).
+    With tools, `play` (`ToolRuntime.play`) samples whole conversations, scored on their last reply.
     """
-    samples = engine.sample(dataset["prompt"], num_samples, temperature=temperature, top_p=top_p,
-                            max_new_tokens=max_new_tokens, seed=seed)
+    sampling = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+    samples = (play(engine, dataset, num_samples, **sampling) if play is not None
+               else engine.sample(dataset["prompt"], num_samples, **sampling))
     per_prompt = [0.0] * len(dataset)
     tasks, verifiers = row_verifiers(dataset)  # math rows: one round trip to the grading worker for them all
     scores = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],

@@ -5,6 +5,7 @@ the tests and the benchmarks all build through `build_run`; nothing is written h
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +172,7 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
         eval_set, tokenizer, every=settings.eval_every, num_samples=settings.eval_num_samples,
         temperature=settings.eval_temperature, max_new_tokens=settings.eval_max_new_tokens,
         batch_size=settings.eval_batch_size, seed=args.seed, budget=budget, resume_from=run.resume_from,
+        play=tool_runtime and functools.partial(tool_runtime.play, max_turns=args.max_tool_calling_iterations),
     )
     callbacks = [*(callbacks or []), run.eval_callback] + (
         [RichProgressCallback(run.eval_callback)] if show_progress else [])

@@ -52,8 +52,9 @@ class HeldOutEvalCallback(BudgetHolder):
 
     def __init__(self, dataset, tokenizer, every: int, num_samples: int, temperature: float,
                  max_new_tokens: int, batch_size: int, seed: int, budget: Budget | None = None,
-                 resume_from: str | None = None):
+                 resume_from: str | None = None, play=None):
         self.dataset = dataset
+        self.play = play  # with tools: `ToolRuntime.play`, whole conversations
         self.tokenizer = tokenizer
         self.every = every
         self.sample_kwargs = dict(num_samples=num_samples, temperature=temperature, max_new_tokens=max_new_tokens)
@@ -99,7 +100,7 @@ class HeldOutEvalCallback(BudgetHolder):
         # The run's seed samples every evaluation: differences between points come from the policy, not
         # the draw; runs of other seeds draw afresh, arms of one seed share it (`poise compare` pairs them).
         engine = training_engine(self.trainer, model, self.tokenizer, self.batch_size)
-        result = evaluate_accuracy(engine, self.dataset, seed=self.seed, keep_per_prompt=True,
+        result = evaluate_accuracy(engine, self.dataset, seed=self.seed, keep_per_prompt=True, play=self.play,
                                    **self.sample_kwargs)
         result.update(step=state.global_step, generated_tokens=self.spent("tokens"),
                       generated_rollouts=self.spent("rollouts"), train_seconds=round(self.train_seconds, 3),

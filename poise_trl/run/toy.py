@@ -6,6 +6,7 @@ The model class is the real `Qwen3ForCausalLM`, so every code path is the one a 
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import random
@@ -28,12 +29,13 @@ from transformers import (
     Qwen3ForTokenClassification,
 )
 from trl import SFTConfig, SFTTrainer
-from trl.chat_template_utils import qwen3_chat_template
+from trl.chat_template_utils import qwen3_chat_template, qwen3_template
 
 from poise_trl.core.loading import BUNDLED_DATA
 from poise_trl.core.provenance import package_versions
 from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
-from poise_trl.tasks import load_prompt_dataset, task_rows, toy_task
+from poise_trl.engines.tools import ToolRuntime
+from poise_trl.tasks import load_prompt_dataset, task_rows, toolworld, toy_task
 
 # Qwen3's own chat format, reduced to what the toy needs; `{% generation %}` marks assistant
 # text so TRL's assistant-only loss also works with this tokenizer.
@@ -509,11 +511,155 @@ Package versions: {json.dumps(card['versions'])}
 """
 
 
+# The tool world: the toy-arith model taught to answer `toolworld` questions with two dependent tool calls. Its chat
+# template is Qwen3's format cut to what the tiny model needs (a line per tool, not Qwen3's ~900-character JSON
+# preamble, which would triple every sequence), prefix-preserving as TRL's tool loop needs, with TRL's Qwen3
+# response template so that TRL parses its tool calls.
+TOOLWORLD_CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\nTools:' }}{%- for tool in tools %}"
+    "{%- set f = tool.function if tool.function is defined else tool %}"
+    "{{- '\\n' + f.name + '(' + (f.parameters.properties | list | join(', ')) + '): ' + f.description }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{%- if message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls or [] %}{%- set call = call.function if call.function is defined else call %}"
+    "{{- ('\\n' if message.content or not loop.first else '') + '<tool_call>\\n{\"name\": \"' + call.name"
+    " + '\", \"arguments\": ' + (call.arguments if call.arguments is string else call.arguments | tojson)"
+    " + '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + (message.content | string) + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+TOOLWORLD_ENVIRONMENT = "poise_trl.tasks.toolworld:ToolWorld"
+TOOLWORLD_SLIP_RATE = 0.15  # per number the model copies (value, addend, sum): about 0.6 of its answers right
+TOOLWORLD_EVAL_ROWS = 100
+
+
+def toolworld_tokenizer() -> PreTrainedTokenizerFast:
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = TOOLWORLD_CHAT_TEMPLATE
+    tokenizer.response_template = qwen3_template
+    return tokenizer
+
+
+def toolworld_sft_dataset(n: int, seed: int, tokenizer, slip_rate: float = TOOLWORLD_SLIP_RATE):
+    """`n` whole conversations of training rows (`toolworld.solution`, slips at `slip_rate`) as token ids, the loss
+    on the model's replies only (`assistant_masks`). Each is rendered message by message with the chat template, as
+    TRL's tool loop concatenates the prompt, the replies and the tool results, so the taught text is what the model
+    will read and write in a rollout."""
+    rng = random.Random(seed)
+    schemas = [getattr(toolworld.ToolWorld(), name) for name in ("add", "lookup")]  # TRL's order: by name
+    rows = []
+    for row in toolworld.build_rows(None, {}, "train", n, seed):
+        messages, ids, mask = list(row["prompt"]), [], []
+        rendered = tokenizer.apply_chat_template(messages, tools=schemas, tokenize=False, add_generation_prompt=True)
+        pieces = [(rendered, 0)]
+        for reply, result in toolworld.solution(row["verifier"], slip_rate, rng):
+            pieces.append((reply + tokenizer.eos_token, 1))  # what the model writes: its reply up to the end of turn
+            if result is None:
+                break
+            messages += [{"role": "assistant", "content": reply}, {"role": "tool", "name": "", "content": result}]
+            following = tokenizer.apply_chat_template(messages, tools=schemas, tokenize=False,
+                                                      add_generation_prompt=True)
+            pieces.append((following[len(rendered) + len(pieces[-1][0]):], 0))
+            rendered = following
+        for text, trained in pieces:
+            piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += piece
+            mask += [trained] * len(piece)
+        rows.append({"input_ids": ids, "assistant_masks": mask})
+    return Dataset.from_list(rows)
+
+
+def build_toolworld_model(
+    output_dir: str | Path,
+    seed: int = 0,
+    max_steps: int = 100,
+    base_dir: str | Path | None = None,
+    learning_rate: float = 2e-3,
+    batch_size: int = 16,
+    stages: int = 3,
+    eval_samples: int = 2,
+    eval_rows: int = TOOLWORLD_EVAL_ROWS,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict:
+    """`build_tiny_model` for the tool world: the toy-arith model (`base_dir`) taught `toolworld` conversations in
+    `stages` runs of `max_steps` (stage k: seed + k, fresh conversations, its own cosine schedule; two leave the
+    answers' copy of the sum unlearned); the card holds held-out success with the tools (played as in training)
+    and without them."""
+    output_dir = checked_output_dir(output_dir, overwrite)
+    base_dir = Path(base_dir or BUNDLED_DATA / "tiny-qwen3")
+    started = time.time()
+    tokenizer = toolworld_tokenizer()
+    model = Qwen3ForCausalLM.from_pretrained(base_dir)
+    for stage_seed in range(seed, seed + stages):
+        random.seed(stage_seed)
+        dataset = toolworld_sft_dataset(max_steps * batch_size, stage_seed + 1, tokenizer)
+        supervise(model, tokenizer, dataset, max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
+                  seed=stage_seed, progress=progress, max_length=model.config.max_position_embeddings)
+    train_seconds = time.time() - started
+
+    model.eval()
+    held_out = load_prompt_dataset("toolworld", split="test", limit=eval_rows, seed=seed)
+    engine = TransformersEngine(model, tokenizer, batch_size=128)
+    runtime = ToolRuntime([], TOOLWORLD_ENVIRONMENT, 10.0, 64, tokenizer)
+    runtime.environment_factory(toolworld.ToolWorld)
+    sampling = dict(num_samples=eval_samples, temperature=1.0, max_new_tokens=96, seed=seed)
+    try:
+        with_tools = evaluate_accuracy(engine, held_out, play=functools.partial(runtime.play, max_turns=2), **sampling)
+    finally:
+        runtime.close()
+    card = {
+        "name": "tiny-qwen3-toolworld",
+        "architecture": "Qwen3ForCausalLM",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "base_model": base_dir.name,
+        "environment": TOOLWORLD_ENVIRONMENT,
+        "sft": {"max_steps": max_steps, "stages": stages, "batch_size": batch_size, "learning_rate": learning_rate,
+                "slip_rate": TOOLWORLD_SLIP_RATE, "rows": stages * len(dataset), "seed": seed},
+        "train_seconds": round(train_seconds, 1),
+        "build_seconds": round(time.time() - started, 1),
+        "torch_threads": torch.get_num_threads(),
+        "heldout_sampled_accuracy": with_tools,
+        "heldout_accuracy_without_tools": evaluate_accuracy(engine, held_out, **sampling),
+        "versions": package_versions(),
+    }
+    save_world(model, tokenizer, output_dir, card, _toolworld_card(card))
+    return card
+
+
+def _toolworld_card(card: dict) -> str:
+    with_tools, without = card["heldout_sampled_accuracy"], card["heldout_accuracy_without_tools"]
+    return f"""# tiny-qwen3-toolworld
+
+A {card['parameters']:,}-parameter `Qwen3ForCausalLM`: `data/{card['base_model']}` (toy-arith) taught with TRL's
+`SFTTrainer` to answer `toolworld` questions ("What is the value of KEY plus K?", the value in a table hidden in the
+environment `{card['environment']}`) by calling `lookup(key)`, then `add(value, K)` with the looked-up value, then
+answering `<answer>SUM</answer>`. Each number it copies is off by one in {card['sft']['slip_rate']:.0%} of its
+training conversations, so its answers are often wrong: RL has room to help. Every row draws its own table, so no
+held-out answer is in the taught conversations.
+
+Made by `poise toy build --world toolworld --output-dir <dir> --seed {card['sft']['seed']} --max-steps
+{card['sft']['max_steps']}` ({card['sft'].get('stages', 1)} supervised stages of that many steps) in
+{card['build_seconds']} s ({card['train_seconds']} s of it supervised training) on a 2-core CPU with
+{card['torch_threads']} torch thread(s) (SFT settings: {json.dumps(card['sft'])}).
+
+Held-out success, temperature 1.0, {with_tools['num_samples']} samples on each of {with_tools['num_prompts']}
+held-out questions: **{with_tools['accuracy']:.3f}** with the tools (conversations played as TRL's tool loop plays
+them), {without['accuracy']:.3f} without them.
+
+Package versions: {json.dumps(card['versions'])}
+"""
+
+
 # `poise toy build --world NAME`: NAME -> (its default folder: under poise_trl/data where bundled, else in the
 # current directory; its build function)
 WORLDS = {"toy-arith": ("tiny-qwen3", build_tiny_model),
           "multitask": ("tiny-qwen3-multitask", build_multitask_model),
-          "qwen3-shape": ("qwen3-shape", build_real_shape_world)}
+          "qwen3-shape": ("qwen3-shape", build_real_shape_world),
+          "toolworld": ("tiny-qwen3-toolworld", build_toolworld_model)}
 
 
 def build_tiny_critic(output_dir: str | Path, actor_dir: str | Path | None = None, num_layers: int = 2,

@@ -32,6 +32,7 @@ FAMILIES: dict[str, str] = {
     "ifeval": "poise_trl.tasks.ifeval",
     "humaneval": "poise_trl.tasks.humaneval",
     "math": "poise_trl.tasks.math_sets",
+    "toolworld": "poise_trl.tasks.toolworld",
 }
 
 

@@ -211,3 +211,63 @@ def test_poise_train_async_killed_then_rerun_resumes(server, tmp_path):
     assert all(entry["sample/staleness_max"] <= 1 and entry["probe/features_from_extra_pass"] == 1.0
                for entry in logged)
     assert (out / f"checkpoint-{newest}" / "rollout_state.json").exists()  # TRL's: the prompt index, the version
+
+
+# -- replayed rollouts: the asynchronous path computes what the synchronous one does -------------
+
+
+def test_replayed_rollouts_give_the_synchronous_advantages_and_loss(tiny_random_model_dir, tmp_path):
+    """The same rollouts (rewards, vLLM-style behaviour log-probs) through POISE's synchronous path (TRL's
+    pass for the features, `compute_advantages`, TRL's GRPO loss) and its asynchronous one (`RoundQueue`'s
+    `score_groups`, TRL's packed asynchronous loss) give the same advantages, probe fitted after the first
+    round, and the same loss, to 1e-5. No server: the asynchronous trainer only talks to one in `train`."""
+    from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+    from trl.experimental.async_grpo.packing import TreeRow
+
+    from poise_trl.seam.grpo import Round
+
+    recipe = {"algo": "poise", "model": str(tiny_random_model_dir), "dataset": "toy-arith", "dataset_size": 16,
+              "num_generations": 2, "per_device_train_batch_size": 8, "max_completion_length": 6, "max_steps": 1,
+              "probe_bootstrap_steps": 1, "probe_prompt_components": 2, "probe_response_components": 2,
+              "probe_buffer_rows": 64, "eval_every": 0, "seed": 0}
+    sync = build_trainer(recipe, tmp_path / "sync")
+    replay = build_trainer({**recipe, "async": True, "vllm_server_base_url": "http://127.0.0.1:9"},
+                           tmp_path / "async")
+    generator = torch.Generator().manual_seed(0)
+    for round_index in range(3):
+        prompts = [torch.randint(5, 60, (5 + i % 2,), generator=generator) for i in range(4) for _ in range(2)]
+        completions = [torch.randint(5, 60, (2 + i % 5,), generator=generator) for i in range(8)]
+        rewards = torch.randint(0, 2, (8,), generator=generator).float()
+        output = replay.padded_rollouts([RolloutSample(
+            None, None, torch.cat([p, c]).numpy(), np.array([0] * len(p) + [1] * len(c)), None, 0.0, 0, 0, {})
+            for p, c in zip(prompts, completions, strict=True)])
+        with torch.no_grad():  # behaviour log-probs: the policy's own, moved, so that the ratio is not 1
+            logps = sync._no_grad_policy_pass(output)[0]
+        old = logps + 0.05 * torch.randn(logps.shape, generator=generator)
+
+        sync.round = Round([{"prompt": "p"}] * 8, weighted_rewards=rewards, rewards=rewards.tolist())
+        sync.round.features, sync.round.feature_source = sync.round_features(output)
+        wanted = sync.compute_advantages(rewards, output)
+        samples = [RolloutSample("p", "c", torch.cat([p, c]).numpy(), np.array([0] * len(p) + [1] * len(c)),
+                                 np.concatenate([np.zeros(len(p)), old[i, : len(c)].numpy()]).astype(np.float32),
+                                 0.0, 0, i // 2, {"reward": float(rewards[i])})
+                   for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
+        got = torch.tensor([s.advantage for s in replay.score_groups([samples[i : i + 2] for i in range(0, 8, 2)])])
+        assert (got - wanted).abs().max() < 1e-5, (round_index, got, wanted)
+    assert replay.value_estimator.in_bootstrap is False  # the last rounds used the fitted probe
+
+    sync.model.train(), replay.model.train()
+    sync.current_gradient_accumulation_steps = replay.current_gradient_accumulation_steps = 1
+    inputs = {**output, "advantages": wanted, "old_per_token_logps": old,
+              "num_items_in_batch": output["completion_mask"].sum()}
+    sync_loss = sync._compute_loss(sync.model, inputs)
+    row = TreeRow()
+    for sample in samples:
+        row.add({"input_ids": torch.as_tensor(sample.input_ids), "advantage": sample.advantage,
+                 "completion_mask": torch.as_tensor(sample.completion_mask), "group_id": sample.group_id,
+                 "old_log_probs": torch.as_tensor(sample.old_log_probs), "metrics": sample.metrics})
+    batch = DataCollatorForRollout(replay.processing_class.pad_token_id)([[row]])
+    async_loss = replay.compute_loss(replay.model, batch)
+    assert abs(float(sync_loss)) > 1e-3  # something to agree on
+    assert abs(float(sync_loss) - float(async_loss)) < 1e-5, (sync_loss, async_loss)

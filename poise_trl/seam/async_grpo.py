@@ -271,22 +271,23 @@ class AsyncGRPOSeam(TrainerSeam, trainer_module.AsyncGRPOTrainer):
                 "model_version": torch.tensor([sample.model_version for sample in samples])}
 
     def policy_features(self, output: dict):
-        """`feature_need`'s features of these rollouts read by the policy now training (one no-grad pass)."""
+        """`feature_need`'s features of these rollouts read by the policy now training: one no-grad pass, as
+        GRPOTrainer's (padded, TRL's fused LM head for the temperature-scaled entropies)."""
         need, model = self.feature_need, self.accelerator.unwrap_model(self.model)
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1).to(self.accelerator.device)
         mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1).to(self.accelerator.device)
         width = output["completion_ids"].shape[1]
+        labels = ids.masked_fill(mask == 0, -100)
+        labels[:, :-width] = -100  # only the completion is scored
         with torch.no_grad(), HiddenStateCapture(model, [need.layer], need.pool_tokens) as capture:
             capture.set_batch(output["prompt_mask"], output["completion_ids"], output["completion_mask"],
                               need.think_end_id)
             with capture.capturing():
-                logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float()
+                entropies = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True).entropy
             prompt_vec, response_vec = capture.pop()[need.layer]
         self.policy_forward_passes += 1
-        log_p = (logits / self.args.temperature).log_softmax(-1)
-        entropies = -(log_p.exp() * log_p).sum(-1).cpu()
-        return build_rollout_features(prompt_vec.cpu(), response_vec.cpu(), entropies, output["completion_ids"],
-                                      output["completion_mask"], need.think_end_id)
+        return build_rollout_features(prompt_vec.cpu(), response_vec.cpu(), entropies[:, -width:].cpu(),
+                                      output["completion_ids"], output["completion_mask"], need.think_end_id)
 
 
 def async_trainer_class(trainer_class: type) -> type:

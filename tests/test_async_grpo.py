@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import VARYING_REWARD, build_trainer
+from helpers import VARYING_REWARD, assert_parameters_moved, build_trainer, trainable_parameters
 from transformers import AutoModelForCausalLM
 
 from poise_trl.core import estimators
@@ -150,11 +150,29 @@ def test_rloo_async_advantages_versions_and_weights(server, tmp_path):
     assert all(entry["rollout/server_policy_version"] >= 1 for entry in logged)
     assert trainer.generated_rollouts >= 3 * 8
 
+    assert_server_samples_trainer_weights(server, trainer)
+
+
+def assert_server_samples_trainer_weights(server, trainer) -> None:
+    """The server's log-probabilities of a fixed sequence are the trainer's (a LoRA adapter merged): TRL
+    syncs after every step, the last one included."""
     ids = trainer.processing_class(SEQUENCE_TEXT)["input_ids"]
     with torch.no_grad():  # the tree attention's padded path: a plain forward
         logits = trainer.model(input_ids=torch.tensor([ids])).logits[0, :-1]
     wanted = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
     assert (server_logprobs(server, ids) - wanted).abs().max() < 1e-3
+
+
+def test_lora_reaches_the_server_merged(server, tmp_path):
+    # Two steps: PEFT starts lora_B at zero, so lora_A has no gradient before the second.
+    recipe = async_recipe(server, "grpo", num_generations=4, max_steps=2, learning_rate=5e-2,
+                          peft={"r": 8, "lora_alpha": 16})
+    trainer = build_trainer(recipe, tmp_path)
+    before = trainable_parameters(trainer)
+    trainer.train()
+    assert all("lora_" in name for name in before)
+    assert_parameters_moved(before, trainer)
+    assert_server_samples_trainer_weights(server, trainer)
 
 
 @pytest.mark.parametrize(("algo", "settings", "says"), [
@@ -169,8 +187,12 @@ def test_what_cannot_run_off_policy_is_one_line(server, tmp_path, algo, settings
     assert "\n" not in str(error.value)
 
 
-def poise_train(recipe: Path, out: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "poise_trl.cli.main", "train", str(recipe), "-o", str(out), "--no-progress"]
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "toy" / "poise_async.yaml"
+
+
+def poise_train(out: Path, overrides: dict) -> subprocess.Popen:
+    command = [sys.executable, "-m", "poise_trl.cli.main", "train", str(RECIPE), "-o", str(out), "--no-progress",
+               *(f"{key}={json.dumps(value)}" for key, value in overrides.items())]
     tests = str(Path(__file__).parent)  # the recipe's reward lives in tests/helpers.py
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
@@ -180,16 +202,17 @@ def poise_train(recipe: Path, out: Path) -> subprocess.Popen:
 
 
 def test_poise_train_async_killed_then_rerun_resumes(server, tmp_path):
-    """`poise train` of POISE with `async: true`: killed with -9 after its second checkpoint, the same command
-    resumes from it and finishes, every step logged once, the staleness and the probe's feature pass logged."""
+    """`poise train recipes/toy/poise_async.yaml` (smaller, against the module's server): killed with -9 after
+    its second checkpoint, the same command resumes from it and finishes, every step logged once, the
+    staleness and the probe's feature pass logged."""
     max_steps = 6
-    recipe = tmp_path / "recipe.yaml"
-    settings = {**async_recipe(server, "poise", num_generations=2, probe_bootstrap_steps=2,
-                               probe_prompt_components=4, probe_response_components=4, probe_buffer_rows=64),
-                "max_steps": max_steps, "save_strategy": "steps", "save_steps": 2}
-    recipe.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in settings.items()))
+    overrides = {"model": str(server.model), "rewards": [VARYING_REWARD], "vllm_server_base_url": server.url,
+                 "dataset_size": 64, "per_device_train_batch_size": 8, "max_completion_length": 16,
+                 "max_steps": max_steps, "save_steps": 2, "logging_steps": 1, "probe_bootstrap_steps": 2,
+                 "probe_prompt_components": 4, "probe_response_components": 4, "eval_every": 0, "eval_limit": 8,
+                 "eval_max_new_tokens": 8, "eval_num_samples": 1}
     out = tmp_path / "run"
-    process = poise_train(recipe, out)
+    process = poise_train(out, overrides)
     deadline = time.time() + 300
     while not (out / "checkpoint-2" / CHECKPOINT_MARKER).exists():
         assert process.poll() is None, process.communicate()[1][-4000:]
@@ -200,7 +223,7 @@ def test_poise_train_async_killed_then_rerun_resumes(server, tmp_path):
     newest = max(int(p.parent.name.split("-")[1]) for p in out.glob(f"checkpoint-*/{CHECKPOINT_MARKER}"))
     assert newest < max_steps, "the run finished before it was killed"
 
-    process = poise_train(recipe, out)
+    process = poise_train(out, overrides)
     stdout, stderr = process.communicate(timeout=600)
     assert process.returncode == 0, stderr[-4000:]
     assert f"resuming from checkpoint-{newest}" in stdout
@@ -261,13 +284,13 @@ def test_replayed_rollouts_give_the_synchronous_advantages_and_loss(tiny_random_
     sync.current_gradient_accumulation_steps = replay.current_gradient_accumulation_steps = 1
     inputs = {**output, "advantages": wanted, "old_per_token_logps": old,
               "num_items_in_batch": output["completion_mask"].sum()}
-    sync_loss = sync._compute_loss(sync.model, inputs)
+    sync_loss = sync._compute_loss(sync.model, inputs).item()
     row = TreeRow()
     for sample in samples:
         row.add({"input_ids": torch.as_tensor(sample.input_ids), "advantage": sample.advantage,
                  "completion_mask": torch.as_tensor(sample.completion_mask), "group_id": sample.group_id,
                  "old_log_probs": torch.as_tensor(sample.old_log_probs), "metrics": sample.metrics})
     batch = DataCollatorForRollout(replay.processing_class.pad_token_id)([[row]])
-    async_loss = replay.compute_loss(replay.model, batch)
-    assert abs(float(sync_loss)) > 1e-3  # something to agree on
-    assert abs(float(sync_loss) - float(async_loss)) < 1e-5, (sync_loss, async_loss)
+    async_loss = replay.compute_loss(replay.model, batch).item()
+    assert abs(sync_loss) > 1e-3  # something to agree on
+    assert abs(sync_loss - async_loss) < 1e-5, (sync_loss, async_loss)

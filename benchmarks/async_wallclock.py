@@ -7,8 +7,10 @@ AsyncGRPOTrainer with `max_staleness`. Server and arms run under `taskset -c COR
 process; the arms of a pair run one after the other, the order alternating from pair to pair. Timed: from
 the end of step `--warmup` to the end of the last step (the asynchronous worker's spawn and the first syncs
 are not counted), over the completion tokens generated in between (the asynchronous arm counts every
-rollout it pulls from the worker, stale ones dropped included). Per pair the ratio async / sync of seconds
-per 10k tokens; per algorithm the geometric mean ratio with a 95% bootstrap interval over pairs.
+rollout it pulls from the worker, stale ones dropped included), and over the completion tokens trained on
+(TRL's `batch/trained_tokens_per_step`; the synchronous arm trains on all it generates). Per pair the ratio
+async / sync of seconds per 10k tokens, both ways; per algorithm the geometric mean ratio with a 95%
+bootstrap interval over pairs.
 
     python benchmarks/async_wallclock.py [--pairs 5] [--steps 8] [--warmup 2] [--algos grpo poise]
         [--cores 0,1] [--prompts 8] [--completion-length 48] [--max-staleness 1]
@@ -66,8 +68,12 @@ def run_arm(recipe: dict, warmup: int) -> dict:
         trainer.add_callback(Marks())
         trainer.train()
     (t0, tokens0), (t1, tokens1) = marks[warmup - 1], marks[-1]
-    return {"seconds": t1 - t0, "tokens": tokens1 - tokens0, "steps_timed": len(marks) - warmup,
-            "seconds_per_10k_tokens": (t1 - t0) / (tokens1 - tokens0) * 1e4}
+    # The synchronous arm trains on every token it generates; the asynchronous one drops stale groups.
+    trained = sum(entry.get("batch/trained_tokens_per_step", 0) for entry in trainer.state.log_history
+                  if entry.get("step", 0) > warmup) if recipe.get("async") else tokens1 - tokens0
+    return {"seconds": t1 - t0, "generated_tokens": tokens1 - tokens0, "trained_tokens": trained,
+            "steps_timed": len(marks) - warmup, "seconds_per_10k_generated": (t1 - t0) / (tokens1 - tokens0) * 1e4,
+            "seconds_per_10k_trained": (t1 - t0) / trained * 1e4}
 
 
 def arm_process(recipe: dict, warmup: int, cores: str) -> dict:
@@ -119,8 +125,9 @@ def main() -> None:
                     for asynchronous in order:
                         recipe = arm_recipe(algo, asynchronous, args, server.url, seed=pair)
                         arms["async" if asynchronous else "sync"] = arm_process(recipe, args.warmup, args.cores)
-                    arms["ratio"] = (arms["async"]["seconds_per_10k_tokens"]
-                                     / arms["sync"]["seconds_per_10k_tokens"])
+                    for unit in ("generated", "trained"):
+                        arms[f"ratio_{unit}"] = (arms["async"][f"seconds_per_10k_{unit}"]
+                                                 / arms["sync"][f"seconds_per_10k_{unit}"])
                     arms["async_first"] = order[0]
                     results[algo].append(arms)
                     print(algo, pair, json.dumps(arms), flush=True)
@@ -133,7 +140,9 @@ def main() -> None:
         "settings": {key: value for key, value in vars(args).items() if key not in ("arm", "output")},
         "machine": {"cpus": os.cpu_count(), "cores_used": args.cores},
         "versions": package_versions(),
-        "results": {algo: {**geometric_mean_interval([p["ratio"] for p in pairs]), "pairs": pairs}
+        "results": {algo: {"per_10k_generated": geometric_mean_interval([p["ratio_generated"] for p in pairs]),
+                           "per_10k_trained": geometric_mean_interval([p["ratio_trained"] for p in pairs]),
+                           "pairs": pairs}
                     for algo, pairs in results.items()},
     }
     write_json(Path(args.output), payload)

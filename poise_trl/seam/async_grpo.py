@@ -136,18 +136,21 @@ def cpu_ready_construction():
     """While an `AsyncGRPOTrainer` is built: TRL registers its kernel-only `tree_fa3` (with no mask: a padded
     batch would see its padding), asks CUDA for the device's peak FLOPs (an AssertionError on a CPU build of
     torch) and builds `AsyncRolloutWorker` by its module name. This registers `tree_attention` and SDPA's mask
-    after TRL's, reports no peak off CUDA (MFU unlogged), and builds `ServerVersionWorker`."""
+    (packed rows ignore it; padded ones, in generation and the feature pass, need it) after TRL's, and off
+    CUDA reports no peak (MFU unlogged) and builds `ServerVersionWorker` (its server reloads weights from a
+    file and keeps their version)."""
     register, peak = trainer_module.register_tree_attention, trainer_module.get_peak_flops_per_device
+    cpu = not torch.cuda.is_available()
 
     def register_then_ours():
         register()
         AttentionInterface.register(TREE_ATTENTION, tree_attention)
-        AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)  # packed rows ignore it; padded ones need it
+        AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
 
     trainer_module.register_tree_attention = register_then_ours
     trainer_module.get_peak_flops_per_device = lambda accelerator, dtype: (
         peak(accelerator, dtype) if accelerator.device.type == "cuda" else None)
-    trainer_module.AsyncRolloutWorker = ServerVersionWorker
+    trainer_module.AsyncRolloutWorker = ServerVersionWorker if cpu else AsyncRolloutWorker
     try:
         yield
     finally:

@@ -26,8 +26,16 @@ def trl_private_names() -> set[str]:
     with suppress_experimental_warning():
         from trl.experimental.a2po import A2POTrainer
 
+    classes = [GRPOTrainer, A2POTrainer, VLLMGeneration, VLLMClient]
+    try:  # TRL 1.16's experimental asynchronous trainer (seam/async_grpo.py); TRL 1.14 has another
+        from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
+        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
+
+        classes += [AsyncGRPOTrainer, AsyncRolloutWorker, _AsyncRolloutLoop]
+    except ImportError:
+        pass
     names = set()
-    for cls in (GRPOTrainer, A2POTrainer, VLLMGeneration, VLLMClient):
+    for cls in classes:
         for klass in cls.__mro__[:-1]:  # without `object`
             names |= {n for n in vars(klass) if n.startswith("_") and not n.startswith("__")}
             names |= set(re.findall(r"self\.(_[a-z][a-z0-9_]*)", inspect.getsource(klass)))

@@ -92,3 +92,41 @@ def test_own_feature_baseline_is_biased(rollouts):
     actions, rewards, predictions = rollouts
     z = z_scores(per_batch_gradients(rewards - predictions, actions))
     assert z.abs().max() > 6.0, f"own-feature baseline should be measurably biased: z = {z}"
+
+
+# --- Off-policy (`async: true`): rollouts of a policy k updates old --------------------------
+# The behaviour policy mu = softmax(theta - k * STEP); the trainer is at THETA. Features of the other rollout
+# are independent of a_i given the context under mu too, so with the importance weight pi(a_i) / mu(a_i)
+# (what TRL's asynchronous loss applies, against vLLM's log-probs, inside its clip) the POISE estimator
+# stays unbiased for grad J(THETA); without it, it estimates another gradient.
+STEP = torch.tensor([[0.4, -0.4, 0.0, 0.0], [0.0, 0.4, -0.4, 0.0], [0.4, 0.0, 0.0, -0.4]], dtype=torch.float64)
+
+
+def stale_rollouts(staleness: int):
+    gen = torch.Generator().manual_seed(4321 + staleness)
+    behaviour = (THETA - staleness * STEP).softmax(-1)
+    actions = torch.multinomial(behaviour, 2 * N_BATCHES, replacement=True, generator=gen)
+    actions = actions.view(N_CONTEXTS, N_BATCHES, 2).permute(1, 0, 2).contiguous()
+    contexts = torch.arange(N_CONTEXTS).view(1, N_CONTEXTS, 1)
+    rewards = torch.bernoulli(REWARD_PROB[contexts, actions], generator=gen)
+    cell = contexts * N_ACTIONS + actions
+    noise = NOISE * torch.randn(*cell.shape, N_CONTEXTS * N_ACTIONS, generator=gen, dtype=torch.float64)
+    features = torch.nn.functional.one_hot(cell, N_CONTEXTS * N_ACTIONS).double() + noise
+    predictions = features @ REWARD_PROB.reshape(-1)  # the fixed probe g(z)
+    weights = THETA.softmax(-1)[contexts, actions] / behaviour[contexts, actions]
+    advantages, _ = cross_rollout_advantages(rewards.reshape(-1), predictions.reshape(-1), group_size=2)
+    return actions, advantages.view_as(rewards), weights
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_poise_stays_unbiased_off_policy_with_the_importance_weight(staleness):
+    actions, advantages, weights = stale_rollouts(staleness)
+    z = z_scores(per_batch_gradients(weights * advantages, actions))
+    assert z.abs().max() < 4.0, f"off-policy POISE gradient deviates from the exact one: z = {z}"
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_stale_rollouts_without_the_importance_weight_are_biased(staleness):
+    actions, advantages, _ = stale_rollouts(staleness)
+    z = z_scores(per_batch_gradients(advantages, actions))
+    assert z.abs().max() > 6.0, f"stale rollouts taken as on-policy should be measurably biased: z = {z}"

@@ -8,8 +8,6 @@ trainer's weights, full and LoRA-merged. Skipped, with the reason, when vLLM doe
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ import torch
 from helpers import VARYING_REWARD, assert_parameters_moved, build_trainer, trainable_parameters
 
 from poise_trl.engines.generation import vllm_import_error
+from poise_trl.engines.vllm_server import LocalServer
 from poise_trl.run.run_folder import CHECKPOINT_MARKER
 
 pytestmark = [
@@ -29,7 +28,6 @@ pytestmark = [
     pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (docs/install.md)"),
 ]
 
-SERVER_START_SECONDS = 300  # the engine starts in 30-90 s on 2 busy cores
 # Small enough for a second or two per step; a reward that differs between the rollouts of a group.
 COMMON = {"rewards": [VARYING_REWARD], "dataset_size": 64, "per_device_train_batch_size": 8,
           "max_completion_length": 32, "eval_every": 0, "eval_limit": 8, "logging_steps": 1, "save_strategy": "no",
@@ -37,45 +35,8 @@ COMMON = {"rewards": [VARYING_REWARD], "dataset_size": 64, "per_device_train_bat
 SEQUENCE_TEXT = "12+34=<think>4+2=6</think>46"  # a fixed prompt + completion to score
 
 
-class Server:
-    """`python -m poise_trl.engines.vllm_server` on a local port, in its own process group (the engine core is a
-    child)."""
-
-    def __init__(self, model: Path, log: Path):
-        self.model, self.log = model, log
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = None
-
-    def start(self) -> None:
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "HF_HUB_OFFLINE": "1"}
-        command = [sys.executable, "-m", "poise_trl.engines.vllm_server", "--model", str(self.model),
-                   "--port", str(self.port)]
-        with open(self.log, "a") as log:
-            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        deadline = time.time() + SERVER_START_SECONDS
-        while not self.answers():
-            assert self.process.poll() is None, f"the server exited:\n{self.log.read_text()[-4000:]}"
-            assert time.time() < deadline, f"no answer in {SERVER_START_SECONDS} s:\n{self.log.read_text()[-4000:]}"
-            time.sleep(1)
-
-    def answers(self) -> bool:
-        try:
-            return requests.get(f"{self.url}/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+class Server(LocalServer):
+    """The package's local server (`engines.vllm_server.LocalServer`), asked for log-probabilities."""
 
     def sequence_logprobs(self, ids: list[int]) -> torch.Tensor:
         """The server's log-probability of each token of `ids` after the ones before it."""

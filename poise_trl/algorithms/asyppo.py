@@ -146,6 +146,10 @@ class VAPOConfig(PPOConfig):
 class AsyPPOTrainer(ProcessRewardMixin, GRPOSeam):
     """GRPOTrainer whose per-token advantages come from GAE on an ensemble of critics."""
 
+    off_policy_refusal = ("its critics would score rollouts of an older policy while training on the current one "
+                          "(stale value targets, no correction), and its loss adds terms the asynchronous "
+                          "trainer's fixed loss has no place for")
+
     def __init__(self, model, *args, **kwargs):
         super().__init__(model, *args, **kwargs)
         cfg = self.args

@@ -38,14 +38,20 @@ class RLOOConfig(GRPOArmConfig):
     scale_rewards: str = setting("none", "No std division of the advantages.")
 
 
-class OutcomeTrainer(ProcessRewardMixin, GRPOSeam):
-    """GRPOTrainer with the recipe's outcome advantages (not `trl.RLOOTrainer`, so every algorithm here shares
-    one generation, loss and logging path)."""
+class OutcomeAdvantages:
+    """The recipe's outcome advantages, on either seam (`GRPOSeam`, `AsyncGRPOSeam`)."""
 
     def compute_advantages(self, rewards, output):
         if self.args.advantage is None:
             return None
         return self.local_rows(estimators.OUTCOME_ADVANTAGES[self.args.advantage](rewards, self.num_generations))
+
+
+class OutcomeTrainer(OutcomeAdvantages, ProcessRewardMixin, GRPOSeam):
+    """GRPOTrainer with the recipe's outcome advantages (not `trl.RLOOTrainer`, so every algorithm here shares
+    one generation, loss and logging path)."""
+
+    async_events = OutcomeAdvantages
 
 
 register_algorithm("grpo", GRPOArmConfig, OutcomeTrainer, "GRPO",

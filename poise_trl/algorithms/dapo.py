@@ -116,6 +116,9 @@ def merge_batches(outputs: list[dict], rows: list[tuple[int, int]], pad_token_id
 class DAPOTrainer(ProcessRewardMixin, GRPOSeam):
     """GRPO advantages on overlong-shaped rewards, with dynamic sampling of groups with 0 < #correct < G."""
 
+    off_policy_refusal = ("its dynamic sampling asks for more prompts of the same round until the groups carry "
+                          "signal; the asynchronous worker streams prompts on its own and has no such round")
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.args.dynamic_sampling and not (

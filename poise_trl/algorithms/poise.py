@@ -123,8 +123,9 @@ def select_prompts(predicted: torch.Tensor, k: int, random_count: int,
     return floor + ranked, [True] * len(floor) + [False] * len(ranked)
 
 
-class POISETrainer(ProcessRewardMixin, GRPOSeam):
-    """GRPOTrainer whose baseline is a linear probe on the policy's own hidden states."""
+class POISEProbe:
+    """POISE's probe, its baselines and prompt selection: the events of `POISETrainer`, and, off-policy, of the
+    asynchronous seam (`async_events`, where no prompts are selected: the rollout worker streams them)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -337,6 +338,12 @@ class POISETrainer(ProcessRewardMixin, GRPOSeam):
 
 
 PROBE_HISTORY_FILE = "probe_history.json"
+
+
+class POISETrainer(POISEProbe, ProcessRewardMixin, GRPOSeam):
+    """GRPOTrainer whose baseline is a linear probe on the policy's own hidden states."""
+
+    async_events = POISEProbe
 
 
 class ProbeReport(RunCallback):

@@ -67,18 +67,27 @@ class REINFORCEPPBaselineConfig(REINFORCEPPConfig):
     kl_estimator: str = setting("k2", "beta * k2 as a loss term (Eq. (8)).")
 
 
-class REINFORCEPPTrainer(ProcessRewardMixin, GRPOSeam):
+class REINFORCEPPAdvantages:
+    """REINFORCE++'s advantages with no KL in the reward (beta 0, or the KL in the loss): global normalization
+    over the batch's samples, on either seam (`GRPOSeam`, `AsyncGRPOSeam`)."""
+
+    def compute_advantages(self, rewards, output):
+        if self.args.group_baseline:  # Eqs. (6)-(7)
+            return self.local_rows(estimators.reinforce_pp_baseline_advantages(rewards, self.num_generations))
+        return self.local_rows(estimators.reinforce_pp_global_advantages(rewards))  # Eq. (5) with A = r
+
+
+class REINFORCEPPTrainer(REINFORCEPPAdvantages, ProcessRewardMixin, GRPOSeam):
     """REINFORCE++ / REINFORCE++ w/ Baseline; process rewards via `process_rewards: true`."""
+
+    async_events = REINFORCEPPAdvantages
 
     # -- advantages -------------------------------------------------------------------------
 
     def compute_advantages(self, rewards, output):
         cfg = self.args
-        if cfg.kl_estimator != "k1" or self.beta == 0.0:  # global normalization over the batch's samples
-            if cfg.group_baseline:  # Eqs. (6)-(7)
-                advantages = estimators.reinforce_pp_baseline_advantages(rewards, self.num_generations)
-                return self.local_rows(advantages)
-            return self.local_rows(estimators.reinforce_pp_global_advantages(rewards))  # Eq. (5) with A = r
+        if cfg.kl_estimator != "k1" or self.beta == 0.0:
+            return super().compute_advantages(rewards, output)
         outcome = rewards
         if cfg.group_baseline:  # Eq. (6)
             outcome = estimators.group_mean_advantages(rewards, self.num_generations)

@@ -15,8 +15,13 @@ import argparse
 import json
 import os
 import re
+import signal
+import socket
+import subprocess
 import sys
+import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -36,10 +41,15 @@ class WeightReload:
     """vLLM worker extension (`--worker-extension-cls poise_trl.engines.vllm_server.WeightReload`): the worker
     methods `/collective_rpc` calls to reload weights on a machine without NCCL."""
 
-    def reload_weights_from_file(self, path: str) -> None:
+    def reload_weights_from_file(self, path: str, policy_version: str = "") -> None:
         # vLLM's reload repacks every layer it loads for the CPU kernels (vLLM's own `reload_weights`).
         self.model_runner.reload_weights(weights_iterator=iter(load_file(path).items()))
         refresh_tied_output_layers(self.model_runner.get_model())
+        self.policy_version = int(policy_version) if policy_version else None
+
+    def served_policy_version(self) -> int | None:
+        """The trainer's policy version of the weights last reloaded (the asynchronous trainer names one)."""
+        return getattr(self, "policy_version", None)
 
     def can_reload_weights_from_file(self) -> bool:
         return True
@@ -107,6 +117,57 @@ def serve_command(model: str, host: str, port: int, extra_args: list[str]) -> li
     else:  # the trainer's dtype, not vLLM's CPU default (bfloat16): the sampler and the learner agree
         command += ["--dtype", generation.checkpoint_dtype(model)]
     return command + extra_args
+
+
+class LocalServer:
+    """This module's server on a free local port, in its own process group (the engine core is a child),
+    its output in `log`: what `poise train` starts for `async: true` without a server URL, and stops after."""
+
+    def __init__(self, model: str | Path, log: Path, start_seconds: float = 300.0):
+        self.model, self.log, self.start_seconds = model, log, start_seconds
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = None
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "poise_trl.engines.vllm_server", "--model", str(self.model),
+                   "--port", str(self.port)]
+        with open(self.log, "a") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + self.start_seconds
+        while not self.answers():
+            if self.process.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise VLLMServerError(f"the vLLM server for {self.model} did not start in {self.start_seconds:.0f} "
+                                      f"s (its output: {self.log}); fix what it says, or start one yourself and "
+                                      "give its URL as vllm_server_base_url")
+            time.sleep(1)
+
+    def answers(self) -> bool:
+        import requests  # noqa: PLC0415 (comes with vLLM)
+
+        try:
+            return requests.get(f"{self.url}/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def __enter__(self) -> LocalServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

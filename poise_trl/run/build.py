@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from poise_trl.core.loading import (
 )
 from poise_trl.engines.generation import keep_cpu_engine_weights_reloadable, resolve_engine
 from poise_trl.engines.tools import ToolRuntime, environment_class
+from poise_trl.engines.vllm_server import LocalServer
 from poise_trl.run.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
 from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
@@ -106,6 +108,7 @@ class Run:
     trainer: object = None
     eval_callback: HeldOutEvalCallback | None = None
     algorithm_callbacks: list[RunCallback] = field(default_factory=list)  # `Algorithm.callbacks`, made
+    server: LocalServer | None = None  # the vLLM server `poise train` starts for `async: true`, and stops
 
     @property
     def resume_from(self) -> str | None:
@@ -132,6 +135,27 @@ def rollout_mode(settings, algorithm, tokenizer) -> tuple[dict, ToolRuntime | No
     if settings.environment:
         given["environment_factory"] = runtime.environment_factory(environment_class(settings.environment))
     return given, runtime
+
+
+def asynchronous_run(settings, algorithm, args, model_path: str, rollout: dict):
+    """`async: true`: the algorithm's off-policy events on TRL's AsyncGRPOTrainer (seam/async_grpo.py), its
+    config, and the local vLLM server to start when the recipe names none; one line when it cannot run so."""
+    events = getattr(algorithm.trainer_class, "async_events", None)
+    reason = getattr(algorithm.trainer_class, "off_policy_refusal", "its TRL trainer is not GRPO's")
+    if events is None or rollout:
+        reason = "tools, environments and rollout functions are not wired to its worker" if rollout else reason
+        raise RecipeError(f"algo {algorithm.name} cannot run with async: true: {reason}")
+    resolve_engine("vllm")  # one line when vLLM is missing or broken
+    from poise_trl.seam import async_grpo  # noqa: PLC0415 (TRL's experimental trainer loads vLLM's client)
+
+    conflict = async_grpo.off_policy_conflict(args)
+    if conflict:
+        raise RecipeError(f"async: true: {conflict}")
+    server = None if args.vllm_server_base_url else LocalServer(model_path, Path(tempfile.mkstemp(
+        prefix="poise-vllm-server-", suffix=".log")[1]))
+    url = args.vllm_server_base_url or server.url
+    return (async_grpo.async_trainer_class(algorithm.trainer_class),
+            async_grpo.async_config(args, settings.max_staleness, url), server)
 
 
 def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = False,
@@ -180,6 +204,8 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
     if not issubclass(trainer_class, algorithm.trainer_class):
         raise TypeError(f"trainer_class {trainer_class.__name__} does not extend "
                         f"{algorithm.trainer_class.__name__}")
+    if settings.asynchronous:
+        trainer_class, args, run.server = asynchronous_run(settings, algorithm, args, model_path, rollout)
     with server_generation(args):
         trainer = trainer_class(
             model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=train_set,

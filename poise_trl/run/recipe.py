@@ -74,6 +74,10 @@ class RunSettings:
     tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S  # seconds a call may run before its process is killed
     tool_result_tokens: int = DEFAULT_TOOL_RESULT_TOKENS  # a longer result is cut
     peft: dict[str, Any] | None = None
+    # `async: true`: TRL's AsyncGRPOTrainer against a vLLM server (vllm_server_base_url, else one `poise train`
+    # starts), training on rollouts at most `max_staleness` policy versions old (seam/async_grpo.py).
+    asynchronous: bool = False
+    max_staleness: int = 1
     eval_every: int = 10
     eval_num_samples: int = 4
     eval_temperature: float = 1.0
@@ -193,6 +197,7 @@ def split_recipe(recipe: dict, algorithm) -> tuple[RunSettings, dict]:
     config_keys = {f.name for f in dataclasses.fields(config_class) if f.init}
     run_kwargs, config_kwargs = {}, {}
     for key, value in recipe.items():
+        key = "asynchronous" if key == "async" else key  # `async` is a Python keyword
         if key in RUN_KEYS:
             run_kwargs[key] = value
         elif key in config_keys:

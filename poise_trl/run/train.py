@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -81,7 +81,7 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         for callback in run.algorithm_callbacks:
             callback.finish(args, trainer.state, trainer.control)
     else:
-        with (training_threads(trainer.model) as threads, server_errors(args, rerun),
+        with (run.server or nullcontext(), training_threads(trainer.model) as threads, server_errors(args, rerun),
               naming_a_lost_rank(args.ddp_timeout)):
             trainer.train(resume_from_checkpoint=resume_from)
     save_full_model(trainer, out / "final")

@@ -82,6 +82,8 @@ class GRPOSeam(TrainerSeam, GRPOTrainer):
     round, DAPO's dropped ones included) and the round events of the module docstring."""
 
     feature_need: FeatureNeed | None = None  # set by an algorithm that reads the policy's features
+    async_events: type | None = None  # the class of its events that run off-policy (`seam.async_grpo`)
+    off_policy_refusal = "it names no events that run off-policy (`async_events`)"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

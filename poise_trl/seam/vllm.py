@@ -64,9 +64,9 @@ def require_weight_reload(client) -> None:
             "poise-trl's weight-reload extension") from None
 
 
-def push_weights_through_file(client, weights: dict, path: Path) -> None:
+def push_weights_through_file(client, weights: dict, path: Path, policy_version: int | None = None) -> None:
     save_file(weights, str(path))
-    collective_rpc(client, RELOAD_METHOD, str(path))
+    collective_rpc(client, RELOAD_METHOD, str(path), *([] if policy_version is None else [str(policy_version)]))
     client.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
 
 

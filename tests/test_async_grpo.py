@@ -1,0 +1,296 @@
+"""`async: true`: TRL's experimental AsyncGRPOTrainer as the seam's second adapter (poise_trl/seam/async_grpo.py).
+
+The pure-torch `tree_fa3` against an unpacked forward (no server); then one real vLLM CPU server for the module
+(`engines.vllm_server.LocalServer`, a tiny random model), which the weight transfer, the algorithms' own
+advantages, `poise train` and its resume after kill -9 train against. Skipped, with the reason, when vLLM does
+not import.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import VARYING_REWARD, assert_parameters_moved, build_trainer, trainable_parameters
+from transformers import AutoModelForCausalLM
+
+from poise_trl.core import estimators
+from poise_trl.engines.generation import vllm_import_error
+from poise_trl.run.recipe import RecipeError
+from poise_trl.run.run_folder import CHECKPOINT_MARKER
+
+pytestmark = pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (docs/install.md)")
+
+SEQUENCE_TEXT = "12+34=<think>4+2=6</think>46"
+
+
+def test_tree_attention_equals_the_unpacked_forward(tiny_random_model_dir):
+    """Rollouts of one prompt packed into TRL's prefix trie (the prompt forwarded once, two completions sharing
+    their first tokens) give each trained token the log-probability an unpacked forward of its own sequence
+    gives it; a padded batch (generation, the feature pass) gives what SDPA gives."""
+    from trl.experimental.async_grpo.packing import TREE_ATTENTION, TreeRow
+
+    from poise_trl.seam.async_grpo import cpu_ready_construction
+
+    with cpu_ready_construction():  # registers TRL's tree_fa3 and ours over it, as a trainer's construction does
+        import trl.experimental.async_grpo.async_grpo_trainer as trainer_module
+
+        trainer_module.register_tree_attention()
+    tree = AutoModelForCausalLM.from_pretrained(tiny_random_model_dir, attn_implementation=TREE_ATTENTION)
+    eager = AutoModelForCausalLM.from_pretrained(tiny_random_model_dir, attn_implementation="eager")
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(5, 60, (7,), generator=generator).tolist()
+    completions = [torch.randint(5, 60, (n,), generator=generator).tolist() for n in (3, 5, 9)]
+    completions.append(completions[1][:2] + [11, 12])  # shares two tokens with the second
+    row = TreeRow()
+    for completion in completions:
+        ids = prompt + completion
+        row.add({"input_ids": np.array(ids), "completion_mask": np.array([0] * len(prompt) + [1] * len(completion)),
+                 "old_log_probs": np.zeros(len(ids), dtype=np.float32), "advantage": 0.0, "group_id": 0})
+    packed = row.pack()
+    assert len(packed["input_ids"]) < sum(len(prompt) + len(c) for c in completions)  # something is shared
+    with torch.no_grad():
+        logits = tree(input_ids=packed["input_ids"][None], position_ids=packed["position_ids"][None],
+                      tree_kv_index=packed["tree_kv_index"], tree_cu_seqlens_q=packed["tree_cu_seqlens_q"],
+                      tree_cu_seqlens_k=packed["tree_cu_seqlens_k"],
+                      tree_max_seqlen_q=int(packed["tree_max_seqlens"][0]),
+                      tree_max_seqlen_k=int(packed["tree_max_seqlens"][1])).logits[0]
+        index = packed["token_index"]
+        got = logits.log_softmax(-1)[index, packed["shift_labels"][index]]
+        wanted = []
+        for completion in completions:
+            ids = torch.tensor([prompt + completion])
+            log_probs = eager(input_ids=ids).logits[0].log_softmax(-1)
+            wanted += [log_probs[t - 1, ids[0, t]] for t in range(len(prompt), ids.shape[1])]
+        assert (got - torch.stack(wanted)).abs().max() < 1e-5
+
+        ids = torch.tensor([[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
+        mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
+        sdpa = AutoModelForCausalLM.from_pretrained(tiny_random_model_dir, attn_implementation="sdpa")
+        difference = tree(input_ids=ids, attention_mask=mask).logits - sdpa(input_ids=ids, attention_mask=mask).logits
+        assert difference[mask.bool()].abs().max() < 1e-5
+
+
+# -- against a real vLLM CPU server ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def random_model_dir(tmp_path_factory) -> Path:
+    """An untrained 2-layer Qwen3 with the toy tokenizer at the bundled model's head size (vLLM's CPU attention
+    has no kernel for the session fixture's)."""
+    from poise_trl.run.toy import build_model, build_tokenizer
+
+    path = tmp_path_factory.mktemp("random-qwen3")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, seed=0, hidden_size=128, num_layers=2).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(random_model_dir, tmp_path_factory):
+    from poise_trl.engines.vllm_server import LocalServer
+
+    with LocalServer(random_model_dir, tmp_path_factory.mktemp("vllm-server") / "server.log") as server:
+        yield server
+
+
+def async_recipe(server, algo: str, **overrides) -> dict:
+    return {"algo": algo, "async": True, "max_staleness": 1, "model": str(server.model), "dataset": "toy-arith",
+            "rewards": [VARYING_REWARD], "dataset_size": 64, "per_device_train_batch_size": 8,
+            "max_completion_length": 16, "learning_rate": 1e-3, "eval_every": 0, "eval_limit": 8,
+            "eval_max_new_tokens": 8, "eval_num_samples": 1, "logging_steps": 1, "save_strategy": "no",
+            "vllm_server_base_url": server.url, "seed": 0, **overrides}
+
+
+def recording_rounds(trainer) -> list:
+    """Every round the trainer scores: (trainer's policy version then, its samples)."""
+    rounds, score = [], trainer.score_groups
+
+    def record(groups):
+        samples = score(groups)
+        rounds.append((trainer.model_version, [(s.metrics["reward"], s.advantage, s.model_version,
+                                                s.metrics["rollout/server_policy_version"]) for s in samples]))
+        return samples
+
+    trainer.score_groups = record
+    return rounds
+
+
+def server_logprobs(server, ids: list[int]) -> torch.Tensor:
+    import requests
+
+    body = {"model": str(server.model), "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+    choice = requests.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    return torch.tensor([choice["prompt_logprobs"][i][str(ids[i])]["logprob"] for i in range(1, len(ids))])
+
+
+def test_rloo_async_advantages_versions_and_weights(server, tmp_path):
+    """RLOO's own advantages reach TRL's loss; each rollout carries the version it was asked from and the
+    version the server served, never more than max_staleness behind the trainer; after the run the server
+    samples the trainer's weights."""
+    trainer = build_trainer(async_recipe(server, "rloo", num_generations=4, max_steps=3), tmp_path)
+    rounds = recording_rounds(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert len(rounds) >= 3
+    for version, samples in rounds:
+        columns = zip(*samples, strict=True)
+        rewards, advantages, asked, served = (torch.tensor(column, dtype=torch.float64) for column in columns)
+        assert torch.allclose(advantages, estimators.rloo_advantages(rewards, 4), atol=1e-6)
+        assert (served >= asked).all() and (version - asked <= 1).all()
+    logged = [entry for entry in trainer.state.log_history if "sample/staleness_max" in entry]
+    assert len(logged) == 3 and all(entry["sample/staleness_max"] <= 1 for entry in logged)
+    assert all(entry["rollout/server_policy_version"] >= 1 for entry in logged)
+    assert trainer.generated_rollouts >= 3 * 8
+
+    assert_server_samples_trainer_weights(server, trainer)
+
+
+def assert_server_samples_trainer_weights(server, trainer) -> None:
+    """The server's log-probabilities of a fixed sequence are the trainer's (a LoRA adapter merged): TRL
+    syncs after every step, the last one included."""
+    ids = trainer.processing_class(SEQUENCE_TEXT)["input_ids"]
+    with torch.no_grad():  # the tree attention's padded path: a plain forward
+        logits = trainer.model(input_ids=torch.tensor([ids])).logits[0, :-1]
+    wanted = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert (server_logprobs(server, ids) - wanted).abs().max() < 1e-3
+
+
+def test_lora_reaches_the_server_merged(server, tmp_path):
+    # Two steps: PEFT starts lora_B at zero, so lora_A has no gradient before the second.
+    recipe = async_recipe(server, "grpo", num_generations=4, max_steps=2, learning_rate=5e-2,
+                          peft={"r": 8, "lora_alpha": 16})
+    trainer = build_trainer(recipe, tmp_path)
+    before = trainable_parameters(trainer)
+    trainer.train()
+    assert all("lora_" in name for name in before)
+    assert_parameters_moved(before, trainer)
+    assert_server_samples_trainer_weights(server, trainer)
+
+
+@pytest.mark.parametrize(("algo", "settings", "says"), [
+    ("dapo", {}, "dynamic sampling"),
+    ("asyppo", {}, "critics"),
+    ("reinforce_pp", {}, "set beta: 0"),
+    ("poise", {"prompt_selection": True}, "set prompt_selection: false"),
+])
+def test_what_cannot_run_off_policy_is_one_line(server, tmp_path, algo, settings, says):
+    with pytest.raises(RecipeError, match=says) as error:
+        build_trainer(async_recipe(server, algo, **settings), tmp_path)
+    assert "\n" not in str(error.value)
+
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "toy" / "poise_async.yaml"
+
+
+def poise_train(out: Path, overrides: dict) -> subprocess.Popen:
+    command = [sys.executable, "-m", "poise_trl.cli.main", "train", str(RECIPE), "-o", str(out), "--no-progress",
+               *(f"{key}={json.dumps(value)}" for key, value in overrides.items())]
+    tests = str(Path(__file__).parent)  # the recipe's reward lives in tests/helpers.py
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    # Its own session: kill -9 reaches the rollout worker TRL spawns too.
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def test_poise_train_async_killed_then_rerun_resumes(server, tmp_path):
+    """`poise train recipes/toy/poise_async.yaml` (smaller, against the module's server): killed with -9 after
+    its second checkpoint, the same command resumes from it and finishes, every step logged once, the
+    staleness and the probe's feature pass logged."""
+    max_steps = 6
+    overrides = {"model": str(server.model), "rewards": [VARYING_REWARD], "vllm_server_base_url": server.url,
+                 "dataset_size": 64, "per_device_train_batch_size": 8, "max_completion_length": 16,
+                 "max_steps": max_steps, "save_steps": 2, "logging_steps": 1, "probe_bootstrap_steps": 2,
+                 "probe_prompt_components": 4, "probe_response_components": 4, "eval_every": 0, "eval_limit": 8,
+                 "eval_max_new_tokens": 8, "eval_num_samples": 1}
+    out = tmp_path / "run"
+    process = poise_train(out, overrides)
+    deadline = time.time() + 300
+    while not (out / "checkpoint-2" / CHECKPOINT_MARKER).exists():
+        assert process.poll() is None, process.communicate()[1][-4000:]
+        assert time.time() < deadline, "checkpoint-2 never appeared"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    newest = max(int(p.parent.name.split("-")[1]) for p in out.glob(f"checkpoint-*/{CHECKPOINT_MARKER}"))
+    assert newest < max_steps, "the run finished before it was killed"
+
+    process = poise_train(out, overrides)
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-4000:]
+    assert f"resuming from checkpoint-{newest}" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    steps = [entry["step"] for entry in summary["train_log"] if "loss" in entry]
+    assert steps == list(range(1, max_steps + 1))
+    logged = [entry for entry in summary["train_log"] if "loss" in entry]
+    assert all(entry["sample/staleness_max"] <= 1 and entry["probe/features_from_extra_pass"] == 1.0
+               for entry in logged)
+    assert (out / f"checkpoint-{newest}" / "rollout_state.json").exists()  # TRL's: the prompt index, the version
+
+
+# -- replayed rollouts: the asynchronous path computes what the synchronous one does -------------
+
+
+def test_replayed_rollouts_give_the_synchronous_advantages_and_loss(tiny_random_model_dir, tmp_path):
+    """The same rollouts (rewards, vLLM-style behaviour log-probs) through POISE's synchronous path (TRL's
+    pass for the features, `compute_advantages`, TRL's GRPO loss) and its asynchronous one (`RoundQueue`'s
+    `score_groups`, TRL's packed asynchronous loss) give the same advantages, probe fitted after the first
+    round, and the same loss, to 1e-5. No server: the asynchronous trainer only talks to one in `train`."""
+    from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+    from trl.experimental.async_grpo.packing import TreeRow
+
+    from poise_trl.seam.grpo import Round
+
+    recipe = {"algo": "poise", "model": str(tiny_random_model_dir), "dataset": "toy-arith", "dataset_size": 16,
+              "num_generations": 2, "per_device_train_batch_size": 8, "max_completion_length": 6, "max_steps": 1,
+              "probe_bootstrap_steps": 1, "probe_prompt_components": 2, "probe_response_components": 2,
+              "probe_buffer_rows": 64, "eval_every": 0, "seed": 0}
+    sync = build_trainer(recipe, tmp_path / "sync")
+    replay = build_trainer({**recipe, "async": True, "vllm_server_base_url": "http://127.0.0.1:9"},
+                           tmp_path / "async")
+    generator = torch.Generator().manual_seed(0)
+    for round_index in range(3):
+        prompts = [torch.randint(5, 60, (5 + i % 2,), generator=generator) for i in range(4) for _ in range(2)]
+        completions = [torch.randint(5, 60, (2 + i % 5,), generator=generator) for i in range(8)]
+        rewards = torch.randint(0, 2, (8,), generator=generator).float()
+        output = replay.padded_rollouts([RolloutSample(
+            None, None, torch.cat([p, c]).numpy(), np.array([0] * len(p) + [1] * len(c)), None, 0.0, 0, 0, {})
+            for p, c in zip(prompts, completions, strict=True)])
+        with torch.no_grad():  # behaviour log-probs: the policy's own, moved, so that the ratio is not 1
+            logps = sync._no_grad_policy_pass(output)[0]
+        old = logps + 0.05 * torch.randn(logps.shape, generator=generator)
+
+        sync.round = Round([{"prompt": "p"}] * 8, weighted_rewards=rewards, rewards=rewards.tolist())
+        sync.round.features, sync.round.feature_source = sync.round_features(output)
+        wanted = sync.compute_advantages(rewards, output)
+        samples = [RolloutSample("p", "c", torch.cat([p, c]).numpy(), np.array([0] * len(p) + [1] * len(c)),
+                                 np.concatenate([np.zeros(len(p)), old[i, : len(c)].numpy()]).astype(np.float32),
+                                 0.0, 0, i // 2, {"reward": float(rewards[i])})
+                   for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
+        got = torch.tensor([s.advantage for s in replay.score_groups([samples[i : i + 2] for i in range(0, 8, 2)])])
+        assert (got - wanted).abs().max() < 1e-5, (round_index, got, wanted)
+    assert replay.value_estimator.in_bootstrap is False  # the last rounds used the fitted probe
+
+    sync.model.train(), replay.model.train()
+    sync.current_gradient_accumulation_steps = replay.current_gradient_accumulation_steps = 1
+    inputs = {**output, "advantages": wanted, "old_per_token_logps": old,
+              "num_items_in_batch": output["completion_mask"].sum()}
+    sync_loss = sync._compute_loss(sync.model, inputs).item()
+    row = TreeRow()
+    for sample in samples:
+        row.add({"input_ids": torch.as_tensor(sample.input_ids), "advantage": sample.advantage,
+                 "completion_mask": torch.as_tensor(sample.completion_mask), "group_id": sample.group_id,
+                 "old_log_probs": torch.as_tensor(sample.old_log_probs), "metrics": sample.metrics})
+    batch = DataCollatorForRollout(replay.processing_class.pad_token_id)([[row]])
+    async_loss = replay.compute_loss(replay.model, batch).item()
+    assert abs(sync_loss) > 1e-3  # something to agree on
+    assert abs(sync_loss - async_loss) < 1e-5, (sync_loss, async_loss)

@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import trl
+from helpers import build_trainer
+from packaging.version import Version
+
+from poise_trl.run.recipe import RecipeError
 
 PACKAGE = Path(__file__).resolve().parents[1] / "poise_trl"
 SEAM = PACKAGE / "seam"
@@ -97,3 +102,13 @@ def test_outcome_advantages_by_name(tmp_path, tiny_random_model_dir):
         parse_recipe({**recipe, "advantage": "rlo"})
     with pytest.raises(ValueError, match="unknown recipe key 'advantage' for algo 'poise'"):
         parse_recipe({**recipe, "algo": "poise", "advantage": "rloo"})
+
+
+@pytest.mark.skipif(Version(trl.__version__) >= Version("1.16"), reason="TRL 1.16 has the asynchronous trainer")
+def test_async_on_an_older_trl_is_one_line(tiny_random_model_dir, tmp_path):
+    recipe = {"algo": "poise", "async": True, "model": str(tiny_random_model_dir), "dataset": "toy-arith",
+              "dataset_size": 16, "per_device_train_batch_size": 8, "max_completion_length": 8, "eval_every": 0,
+              "beta": 0.0, "vllm_server_base_url": "http://127.0.0.1:9", "seed": 0}
+    with pytest.raises(RecipeError, match="async: true needs TRL 1.16") as error:
+        build_trainer(recipe, tmp_path)
+    assert "\n" not in str(error.value)

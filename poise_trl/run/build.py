@@ -6,11 +6,14 @@ the tests and the benchmarks all build through `build_run`; nothing is written h
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import trl
+from packaging.version import Version
 from peft import LoraConfig
 from transformers.trainer_callback import PrinterCallback
 
@@ -145,6 +148,9 @@ def asynchronous_run(settings, algorithm, args, model_path: str, rollout: dict):
     if events is None or rollout:
         reason = "tools, environments and rollout functions are not wired to its worker" if rollout else reason
         raise RecipeError(f"algo {algorithm.name} cannot run with async: true: {reason}")
+    if importlib.util.find_spec("trl.experimental.async_grpo") is None or Version(trl.__version__) < Version("1.16"):
+        raise RecipeError(f"async: true needs TRL 1.16's AsyncGRPOTrainer (its packed attention), but TRL "
+                          f"{trl.__version__} is installed: pip install 'trl==1.16.*'")
     resolve_engine("vllm")  # one line when vLLM is missing or broken
     from poise_trl.seam import async_grpo  # noqa: PLC0415 (TRL's experimental trainer loads vLLM's client)
 

@@ -50,7 +50,7 @@ FUNCTIONS = {
         "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate__*",
         "poise_trl.probe.estimator.xǁProbeEstimatorǁupdate_from_targets__*",
     ],
-    "poise_trl/algorithms/poise.py": ["poise_trl.algorithms.poise.xǁPOISETrainerǁcompute_advantages__*"],
+    "poise_trl/algorithms/poise.py": ["poise_trl.algorithms.poise.xǁPOISEProbeǁcompute_advantages__*"],
     "poise_trl/algorithms/asyppo.py": ["poise_trl.algorithms.asyppo.xǁAsyPPOTrainerǁcompute_advantages__*"],
     "poise_trl/tasks/math_grader.py": [
         "poise_trl.tasks.math_grader.x__closing_brace__*",
@@ -166,9 +166,9 @@ CPU_ONLY = dict.fromkeys([
     "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_37",
     "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_45",
     "poise_trl.probe.estimator.x__fit_pca_fast__mutmut_47",
-    "poise_trl.algorithms.poise.xǁPOISETrainerǁcompute_advantages__mutmut_5",
-    "poise_trl.algorithms.poise.xǁPOISETrainerǁcompute_advantages__mutmut_7",
-    "poise_trl.algorithms.poise.xǁPOISETrainerǁcompute_advantages__mutmut_88",
+    "poise_trl.algorithms.poise.xǁPOISEProbeǁcompute_advantages__mutmut_5",
+    "poise_trl.algorithms.poise.xǁPOISEProbeǁcompute_advantages__mutmut_7",
+    "poise_trl.algorithms.poise.xǁPOISEProbeǁcompute_advantages__mutmut_88",
     "poise_trl.algorithms.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_89",
     "poise_trl.algorithms.asyppo.xǁAsyPPOTrainerǁcompute_advantages__mutmut_134",
 ], _DEVICE)

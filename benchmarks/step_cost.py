@@ -180,13 +180,13 @@ def step_phases(kind: str) -> PhaseClock:
         "loss_forward": (GRPOTrainer, "compute_loss"),
     }
     if kind == "poise":
-        from poise_trl.algorithms.poise import POISETrainer
+        from poise_trl.algorithms.poise import POISEProbe
         from poise_trl.probe.estimator import ProbeEstimator
         from poise_trl.seam.grpo import GRPOSeam
 
         methods.update({
             "generate_with_capture": (GRPOSeam, "_generate_single_turn"),  # the seam serves POISE's features
-            "poise_advantages": (POISETrainer, "compute_advantages"),
+            "poise_advantages": (POISEProbe, "compute_advantages"),
             "features": (GRPOSeam, "round_features"),  # with tools: the extra pass over the whole rollouts
             "probe_predict": (ProbeEstimator, "predict"),
             "probe_refit": (ProbeEstimator, "update"),

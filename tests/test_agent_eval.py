@@ -83,7 +83,7 @@ def workspace(tmp_path, monkeypatch):
             raise ValueError("the adder is broken")
     '''))
     (tmp_path / "broken.yaml").write_text("tools: [broken_tools:add]\n")
-    (tmp_path / "my_env.py").write_text(textwrap.dedent('''
+    (tmp_path / "adder_env.py").write_text(textwrap.dedent('''
         class Adder:
             def reset(self, **row):
                 self.calls = 0
@@ -101,7 +101,7 @@ def workspace(tmp_path, monkeypatch):
                 self.calls += 1
                 return a + b
     '''))
-    (tmp_path / "env.yaml").write_text("environment: my_env:Adder\ntool_result_tokens: 8\n")
+    (tmp_path / "env.yaml").write_text("environment: adder_env:Adder\ntool_result_tokens: 8\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
@@ -141,7 +141,7 @@ def test_a_raising_tool_and_an_environment_from_the_working_directory(taught_mod
     assert metrics["scores"]["avg"]["value"] == 0.5
     assert records[0]["messages"][1] == {"role": "tool", "name": "add", "content": "3"}
     settings = json.loads((workspace / "env" / "questions" / "settings.json").read_text())
-    assert settings["tools"] == {"tools": [], "environment": "my_env:Adder", "max_turns": 8, "result_tokens": 8,
+    assert settings["tools"] == {"tools": [], "environment": "adder_env:Adder", "max_turns": 8, "result_tokens": 8,
                                  "timeout_s": 10.0}
 
 

@@ -47,6 +47,20 @@ def tiny_random_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory) -> Path:
+    """An untrained 2-layer Qwen3 with the toy tokenizer, for the vLLM server tests: its rollouts differ (the
+    trained tiny model's often coincide), so every step learns. The bundled model's head size: vLLM's CPU
+    attention has no kernel for `tiny_random_model_dir`'s (8)."""
+    from poise_trl.run.toy import build_model, build_tokenizer
+
+    path = tmp_path_factory.mktemp("random-qwen3")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, seed=0, hidden_size=128, num_layers=2).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def bundled_model_dir() -> Path:
     if not (BUNDLED_MODEL / "model.safetensors").exists():
         pytest.skip("the bundled tiny model is not built (poise toy build)")

@@ -81,19 +81,6 @@ def test_tree_attention_equals_the_unpacked_forward(tiny_random_model_dir):
 
 
 @pytest.fixture(scope="module")
-def random_model_dir(tmp_path_factory) -> Path:
-    """An untrained 2-layer Qwen3 with the toy tokenizer at the bundled model's head size (vLLM's CPU attention
-    has no kernel for the session fixture's)."""
-    from poise_trl.run.toy import build_model, build_tokenizer
-
-    path = tmp_path_factory.mktemp("random-qwen3")
-    tokenizer = build_tokenizer()
-    build_model(tokenizer, seed=0, hidden_size=128, num_layers=2).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(random_model_dir, tmp_path_factory):
     from poise_trl.engines.vllm_server import LocalServer
 

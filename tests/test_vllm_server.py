@@ -47,20 +47,6 @@ class Server(LocalServer):
 
 
 @pytest.fixture(scope="module")
-def random_model_dir(tmp_path_factory) -> Path:
-    """An untrained 2-layer Qwen3 with the toy tokenizer: its rollouts differ (the trained tiny model's often
-    coincide), so every step learns. The bundled model's head size: vLLM's CPU attention has no kernel for
-    the session fixture's (8)."""
-    from poise_trl.run.toy import build_model, build_tokenizer
-
-    path = tmp_path_factory.mktemp("random-qwen3")
-    tokenizer = build_tokenizer()
-    build_model(tokenizer, seed=0, hidden_size=128, num_layers=2).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(random_model_dir, tmp_path_factory):
     server = Server(random_model_dir, tmp_path_factory.mktemp("vllm-server") / "server.log")
     try:

@@ -115,8 +115,24 @@ def serve_command(model: str, host: str, port: int, extra_args: list[str]) -> li
     if torch.cuda.is_available():
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:  # the trainer's dtype, not vLLM's CPU default (bfloat16): the sampler and the learner agree
-        command += ["--dtype", generation.checkpoint_dtype(model)]
+        command += ["--dtype", generation.checkpoint_dtype(model), *whole_prefills(model, extra_args)]
     return command + extra_args
+
+
+def whole_prefills(model: str, extra_args: list[str]) -> list[str]:
+    """vLLM options that schedule every prefill whole, in a token budget that holds the longest sequence.
+
+    A prefill split across scheduler steps rewinds its request's seeded sampler, which a CPU torch Generator
+    cannot ("CPU Generator does not use offset" kills the CPU build's engine), and TRL's asynchronous worker
+    seeds every request. Options the user gives win."""
+    if any(option.split("=")[0] in ("--max-num-batched-tokens", "--enable-chunked-prefill",
+                                    "--no-enable-chunked-prefill") for option in extra_args):
+        return []
+    given = [value for option, value in zip(extra_args, extra_args[1:], strict=False) if option == "--max-model-len"]
+    config = Path(model) / "config.json"
+    longest = int(given[0]) if given else (
+        json.loads(config.read_text()).get("max_position_embeddings", 2048) if config.is_file() else 2048)
+    return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(2048, longest))]
 
 
 class LocalServer:

@@ -71,7 +71,11 @@ def run_arm(recipe: dict, warmup: int) -> dict:
     # The synchronous arm trains on every token it generates; the asynchronous one drops stale groups.
     trained = sum(entry.get("batch/trained_tokens_per_step", 0) for entry in trainer.state.log_history
                   if entry.get("step", 0) > warmup) if recipe.get("async") else tokens1 - tokens0
-    return {"seconds": t1 - t0, "generated_tokens": tokens1 - tokens0, "trained_tokens": trained,
+    timed = [entry for entry in trainer.state.log_history if entry.get("step", 0) > warmup and "loss" in entry]
+    # Where the asynchronous arm's time goes (TRL's own gauges): waiting for rollouts, syncing weights, staleness.
+    gauges = sorted({key for entry in timed for key in entry if key.startswith(("perf/", "sample/"))})
+    return {"gauges_mean": {key: float(np.mean([entry[key] for entry in timed if key in entry])) for key in gauges},
+            "seconds": t1 - t0, "generated_tokens": tokens1 - tokens0, "trained_tokens": trained,
             "steps_timed": len(marks) - warmup, "seconds_per_10k_generated": (t1 - t0) / (tokens1 - tokens0) * 1e4,
             "seconds_per_10k_trained": (t1 - t0) / trained * 1e4}
 

@@ -8,11 +8,15 @@ not import.
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -221,6 +225,140 @@ def test_poise_train_async_killed_then_rerun_resumes(server, tmp_path):
     assert all(entry["sample/staleness_max"] <= 1 and entry["probe/features_from_extra_pass"] == 1.0
                for entry in logged)
     assert (out / f"checkpoint-{newest}" / "rollout_state.json").exists()  # TRL's: the prompt index, the version
+
+
+def test_server_killed_mid_run_is_one_line_and_rerun_resumes(random_model_dir, tmp_path):
+    """Its vLLM server killed after checkpoint 2, an asynchronous run stops with one line that names the server
+    and what a rerun does; the same recipe against a server started again at the same address resumes there."""
+    from transformers import TrainerCallback
+
+    from poise_trl.engines.vllm_server import LocalServer, VLLMServerError
+    from poise_trl.run.train import train_from_recipe
+
+    server = LocalServer(random_model_dir, tmp_path / "server.log")
+    server.start()
+
+    class KillServerAfterCheckpoint2(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                server.stop()
+
+    recipe = async_recipe(server, "grpo", num_generations=4, max_steps=4, save_strategy="steps", save_steps=2)
+    out = tmp_path / "run"
+    try:
+        with pytest.raises(VLLMServerError) as error:
+            train_from_recipe(recipe, str(out), show_progress=False, callbacks=[KillServerAfterCheckpoint2()])
+        line = str(error.value)
+        assert "\n" not in line and f"the vLLM server at {server.url} does not answer" in line
+        assert line.endswith("the run resumes from checkpoint-2 (step 2)")
+        assert (out / "checkpoint-2" / CHECKPOINT_MARKER).exists()
+        server = LocalServer(random_model_dir, tmp_path / "server.log", port=server.port)
+        server.start()
+        summary = train_from_recipe(recipe, str(out), show_progress=False)
+    finally:
+        server.stop()
+    assert summary["steps"] == 4 and summary["resumed_at_steps"] == [2]
+
+
+# -- faults without a server -----------------------------------------------------------------
+
+
+@contextmanager
+def stand_in_server(hang_on_reload_s: float = 0.0):
+    """An HTTP server in a thread that answers a vLLM server's health and control routes, and takes
+    `hang_on_reload_s` to answer a weight reload: what the trainer sees of a server too slow to load weights."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Routes(BaseHTTPRequestHandler):
+        def answer(self, body: dict) -> None:
+            payload = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            try:
+                self.wfile.write(payload)
+            except BrokenPipeError:  # the trainer gave up waiting
+                pass
+
+        def do_GET(self):  # /health, /v1/models
+            self.answer({"data": [{"id": "stand-in"}]})
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if b"reload_weights_from_file" in body:
+                time.sleep(hang_on_reload_s)
+            self.answer({"results": [True]})
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Routes)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+def test_a_weight_reload_past_weight_sync_timeout_is_one_line():
+    from poise_trl.engines.vllm_server import VLLMServerError, server_errors
+    from poise_trl.seam.async_grpo import FileWeightTransfer
+
+    with stand_in_server(hang_on_reload_s=5) as url:
+        transfer = FileWeightTransfer(url, timeout=5, reload_timeout=1)
+        transfer.init_weight_transfer()
+        transfer.next_version = lambda: 1
+        started = time.time()
+        with pytest.raises(VLLMServerError) as error, server_errors(url, lambda: "the run resumes from checkpoint-4"):
+            transfer.send_weights(iter([("weight", torch.ones(2))]))
+        assert time.time() - started < 4  # tried once, not retried
+        transfer.destroy()
+    line = str(error.value)
+    assert "\n" not in line and f"the vLLM server at {url} did not load the new weights in 1 s" in line
+    assert "raise weight_sync_timeout" in line and line.endswith("the run resumes from checkpoint-4")
+
+
+def test_a_failed_rollout_worker_is_one_line_naming_its_error():
+    """TRL's worker check raises a generic RuntimeError chained to the worker's own; the line names the latter."""
+    from poise_trl.engines.vllm_server import VLLMServerError, server_errors
+    from poise_trl.seam.async_grpo import AsyncGRPOSeam
+
+    class FailedWorker:
+        def check_health(self, stale_after_s):
+            cause = RuntimeError("KeyError: 'answer'\nTraceback (most recent call last): ...")
+            raise RuntimeError("Rollout worker child has failed; see chained exception.") from cause
+
+    with stand_in_server() as url:
+        trainer = SimpleNamespace(rollout_worker=FailedWorker(), args=SimpleNamespace(
+            vllm_server_base_url=url, vllm_server_timeout=5, heartbeat_stale_after_s=300))
+        with pytest.raises(VLLMServerError) as error, server_errors(url, lambda: "the run starts over"):
+            AsyncGRPOSeam.check_rollouts(trainer)
+    assert str(error.value) == (f"the rollout worker stopped (KeyError: 'answer') while the vLLM server at {url} "
+                                "answers: fix what it says; then run the same command: the run starts over")
+
+
+def test_a_group_older_than_max_staleness_is_dropped_counted_and_named_once():
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from poise_trl.seam.async_grpo import RoundQueue
+
+    source = queue.Queue()
+    for group, version in enumerate([0, 2, 0, 2]):  # the trainer is at version 2, max_staleness 1
+        for _ in range(2):
+            source.put(RolloutSample(prompt="1+1=", completion="2", input_ids=np.array([1, 2, 3]),
+                                     completion_mask=np.array([0, 1, 1]), old_log_probs=np.zeros(3), advantage=0.0,
+                                     model_version=version, group_id=group, metrics={"reward": 1.0}))
+    logged = []
+    trainer = SimpleNamespace(num_generations=2, model_version=2, args=SimpleNamespace(max_staleness=1),
+                              generated_rollouts=0, generated_tokens=0, score_groups=lambda groups: sum(groups, []),
+                              log_metric=lambda name, value: logged.append((name, value)))
+    rounds = RoundQueue(source, trainer, groups_per_round=1)
+    with pytest.warns(UserWarning, match=r"dropped a group generated 2 policy versions before .*max_staleness 1"):
+        taken = [rounds.get(timeout=1) for _ in range(4)]
+    assert {sample.group_id for sample in taken} == {1, 3}
+    assert rounds.dropped == 4 and logged == [("sample/dropped_stale_total", 2.0)] * 2
+    assert trainer.generated_rollouts == 8 and trainer.generated_tokens == 16  # dropped ones count
 
 
 # -- replayed rollouts: the asynchronous path computes what the synchronous one does -------------

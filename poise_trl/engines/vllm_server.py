@@ -37,6 +37,11 @@ class VLLMServerError(ValueError):
     A ValueError, so the CLI reports it in one `error:` line."""
 
 
+class ServerFault(RuntimeError):
+    """Training against a server stopped mid-run for a reason the raiser names, with its fix; `server_errors`
+    adds what rerunning does."""
+
+
 class WeightReload:
     """vLLM worker extension (`--worker-extension-cls poise_trl.engines.vllm_server.WeightReload`): the worker
     methods `/collective_rpc` calls to reload weights on a machine without NCCL."""
@@ -68,7 +73,10 @@ def refresh_tied_output_layers(model) -> None:
             method.process_weights_after_loading(module)
 
 
-def server_url(args) -> str:
+def server_url(args) -> str | None:
+    """The vLLM server GRPOTrainer's config trains against (None: not server mode)."""
+    if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
+        return None
     return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
 
 
@@ -81,22 +89,24 @@ def short_reason(exc: BaseException) -> str:
 
 
 @contextmanager
-def server_errors(args, rerun_outcome):
-    """A vLLM server that does not answer, as one VLLMServerError line that says what rerunning the same
-    command does (`rerun_outcome()`, called when the error happens: the checkpoints written until then
-    count)."""
-    if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
+def server_errors(url: str | None, rerun_outcome, server: LocalServer | None = None):
+    """A vLLM server that does not answer, or a `ServerFault`, as one VLLMServerError line that says what
+    rerunning the same command does (`rerun_outcome()`, called when the error happens: the checkpoints written
+    until then count). `server`: the one `poise train` started (a rerun starts another), else the user's."""
+    if url is None:
         yield
         return
     from requests.exceptions import RequestException  # noqa: PLC0415 (comes with vLLM, not by default)
 
     try:
         yield
+    except ServerFault as exc:
+        raise VLLMServerError(f"{exc}; then run the same command: {rerun_outcome()}") from None
     except RequestException as exc:
-        raise VLLMServerError(
-            f"the vLLM server at {server_url(args)} does not answer ({short_reason(exc)}); start it again "
-            f"(python -m poise_trl.engines.vllm_server) and run the same command: {rerun_outcome()}"
-        ) from None
+        restart = (f"its output is in {server.log}; running the same command starts a new one" if server else
+                   "start it again (python -m poise_trl.engines.vllm_server) and run the same command")
+        raise VLLMServerError(f"the vLLM server at {url} does not answer ({short_reason(exc)}); {restart}: "
+                              f"{rerun_outcome()}") from None
 
 
 def serve_command(model: str, host: str, port: int, extra_args: list[str]) -> list[str]:
@@ -137,13 +147,15 @@ def whole_prefills(model: str, extra_args: list[str]) -> list[str]:
 
 class LocalServer:
     """This module's server on a free local port, in its own process group (the engine core is a child),
-    its output in `log`: what `poise train` starts for `async: true` without a server URL, and stops after."""
+    its output in `log`: what `poise train` starts for `async: true` without a server URL, and stops after.
+    `port`: a given one (a server restarted where a recipe's URL points)."""
 
-    def __init__(self, model: str | Path, log: Path, start_seconds: float = 300.0):
-        self.model, self.log, self.start_seconds = model, log, start_seconds
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+    def __init__(self, model: str | Path, log: Path, start_seconds: float = 300.0, port: int | None = None):
+        self.model, self.log, self.start_seconds, self.port = model, log, start_seconds, port
+        if port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = None
 

@@ -72,10 +72,10 @@ def interface_problems(environ=os.environ) -> list[str]:
 
 def server_problems(plan) -> list[str]:
     """The recipe's vLLM server (`vllm_mode: server`) answers /v1/models and serves the recipe's model."""
-    args = plan.args
-    if not (getattr(args, "use_vllm", False) and args.vllm_mode == "server"):
+    url = server_url(plan.args)
+    if url is None:
         return []
-    url, model = server_url(args).rstrip("/"), resolve_model_path(plan.settings.model)
+    url, model = url.rstrip("/"), resolve_model_path(plan.settings.model)
     start = (f"start it on the server machine (python -m poise_trl.engines.vllm_server --model {model} --host "
              "0.0.0.0 --port PORT) and point vllm_server_base_url at it")
     try:

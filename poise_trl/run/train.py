@@ -15,7 +15,7 @@ from transformers.trainer_callback import TrainerState
 from poise_trl.core.distributed import naming_a_lost_rank
 from poise_trl.core.provenance import package_versions, write_json, write_text
 from poise_trl.engines.generation import is_tiny_on_cpu, training_generation_record
-from poise_trl.engines.vllm_server import server_errors
+from poise_trl.engines.vllm_server import server_errors, server_url
 from poise_trl.run.build import build_run
 from poise_trl.run.hub import build_model_card, push_final_model
 from poise_trl.run.plan import check_memory_plan
@@ -48,7 +48,7 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
     plan = parse_recipe(recipe, output_dir)
     check_memory_plan(plan)  # on a GPU: one line, before any weights load, when the plan says it cannot fit
     rerun = functools.partial(rerun_outcome, plan.args.output_dir, recipe)  # what a rerun would do
-    with server_errors(plan.args, rerun):  # vllm_mode: server: one line when the server does not answer
+    with server_errors(server_url(plan.args), rerun):  # vllm_mode: server: one line when the server does not answer
         run = build_run(plan, overwrite=overwrite, show_progress=show_progress, callbacks=callbacks)
     settings, args, folder = plan.settings, plan.args, run.folder
     out = folder.path
@@ -81,7 +81,9 @@ def train_from_recipe(recipe: dict, output_dir: str | None = None, show_progress
         for callback in run.algorithm_callbacks:
             callback.finish(args, trainer.state, trainer.control)
     else:
-        with (run.server or nullcontext(), training_threads(trainer.model) as threads, server_errors(args, rerun),
+        url = trainer.args.vllm_server_base_url if settings.asynchronous else server_url(args)
+        with (run.server or nullcontext(), training_threads(trainer.model) as threads,
+              server_errors(url, rerun, run.server),
               naming_a_lost_rank(args.ddp_timeout)):
             trainer.train(resume_from_checkpoint=resume_from)
     save_full_model(trainer, out / "final")

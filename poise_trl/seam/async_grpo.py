@@ -17,12 +17,15 @@ on a machine without CUDA.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import shutil
 import tempfile
+import warnings
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 
+import requests
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -33,7 +36,7 @@ from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker,
 from trl.experimental.async_grpo.packing import TREE_ATTENTION
 from trl.experimental.async_grpo.packing import tree_attention as kernel_tree_attention
 
-from poise_trl.engines.vllm_server import WEIGHTS_FILE
+from poise_trl.engines.vllm_server import WEIGHTS_FILE, ServerFault
 from poise_trl.probe.capture import HiddenStateCapture
 from poise_trl.probe.features import build_rollout_features
 from poise_trl.seam.grpo import FEATURE_SOURCES, FeatureNeed, Round
@@ -88,8 +91,8 @@ class FileWeightTransfer:
     reload (`engines.vllm_server.WeightReload`, which keeps the policy version it is told), resume. Server and
     trainer share a file system."""
 
-    def __init__(self, base_url: str, timeout: float):
-        self.base_url, self.timeout = base_url, timeout
+    def __init__(self, base_url: str, timeout: float, reload_timeout: float):
+        self.base_url, self.timeout, self.reload_timeout = base_url, timeout, reload_timeout
         self.next_version = lambda: None  # the version being sent: set by the trainer
 
     def init_weight_transfer(self) -> None:
@@ -99,15 +102,23 @@ class FileWeightTransfer:
         require_weight_reload(self.client)
         self.folder = Path(tempfile.mkdtemp(prefix="poise-vllm-weights-"))
 
+    # pause and resume are tried once, like the reload (`seam.vllm.collective_rpc`): a server that refuses the
+    # connection is gone, and retrying it for a minute only delays the error line.
     def pause(self) -> None:  # "keep": requests in flight finish on the new weights, as with TRL's NCCL sync
-        self.client.session.post(f"{self.base_url}/pause", params={"mode": "keep"}, timeout=self.timeout)
+        requests.post(f"{self.base_url}/pause", params={"mode": "keep"}, timeout=self.timeout).raise_for_status()
 
     def send_weights(self, iterator) -> None:
         weights = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in iterator}
-        push_weights_through_file(self.client, weights, self.folder / WEIGHTS_FILE, self.next_version())
+        try:
+            push_weights_through_file(self.client, weights, self.folder / WEIGHTS_FILE, self.next_version(),
+                                      timeout=self.reload_timeout)
+        except requests.Timeout:
+            raise ServerFault(f"the vLLM server at {self.base_url} did not load the new weights in "
+                              f"{self.reload_timeout:.0f} s (weight_sync_timeout): raise weight_sync_timeout, or "
+                              "see what the server's output says") from None
 
     def resume(self) -> None:
-        self.client.session.post(f"{self.base_url}/resume", timeout=self.timeout)
+        requests.post(f"{self.base_url}/resume", timeout=self.timeout).raise_for_status()
 
     def destroy(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -168,10 +179,15 @@ class RoundQueue:
         self.open: dict[int, list] = {}  # group id -> its samples so far
         self.whole: list[list] = []  # groups of the round being gathered
         self.ready: deque = deque()
+        self.dropped = 0  # rollouts older than max_staleness
 
     def get(self, timeout: float | None = None):
         while not self.ready:
-            sample = self.source.get(timeout=timeout)  # queue.Empty: TRL checks the worker's health and asks again
+            try:
+                sample = self.source.get(timeout=timeout)
+            except queue.Empty:  # TRL would check only its worker's heartbeat, and ask again
+                self.trainer.check_rollouts()
+                raise
             group = self.open.setdefault(sample.group_id, [])
             group.append(sample)
             if len(group) < self.trainer.num_generations:
@@ -182,6 +198,12 @@ class RoundQueue:
             staleness = self.trainer.model_version - sample.model_version
             if staleness > self.trainer.args.max_staleness:
                 self.trainer.log_metric("sample/dropped_stale_total", float(len(group)))
+                if not self.dropped:
+                    warnings.warn(f"async: dropped a group generated {staleness} policy versions before the one "
+                                  f"training (max_staleness {self.trainer.args.max_staleness}); dropped rollouts "
+                                  "count against the budget (sample/dropped_stale_total): raise max_staleness to "
+                                  "train on them", stacklevel=2)
+                self.dropped += len(group)
                 continue
             self.whole.append(group)
             if len(self.whole) == self.groups_per_round:
@@ -205,7 +227,8 @@ class AsyncGRPOSeam(TrainerSeam, trainer_module.AsyncGRPOTrainer):
     def __init__(self, *args, weight_transfer=None, **kwargs):
         config = kwargs["args"]
         if weight_transfer is None and not torch.cuda.is_available():
-            weight_transfer = FileWeightTransfer(config.vllm_server_base_url, config.vllm_server_timeout)
+            weight_transfer = FileWeightTransfer(config.vllm_server_base_url, config.vllm_server_timeout,
+                                                 config.weight_sync_timeout)
         with cpu_ready_construction():
             super().__init__(*args, weight_transfer=weight_transfer, **kwargs)
         if isinstance(weight_transfer, FileWeightTransfer):
@@ -226,6 +249,18 @@ class AsyncGRPOSeam(TrainerSeam, trainer_module.AsyncGRPOTrainer):
         return None
 
     # -- helpers ---------------------------------------------------------------------------------
+
+    def check_rollouts(self) -> None:
+        """While no rollout arrives: the server must answer (else requests' error, which `poise train` turns
+        into one line), and TRL's worker must be alive and not hung (else a `ServerFault` naming its error)."""
+        requests.get(f"{self.args.vllm_server_base_url}/health",
+                     timeout=self.args.vllm_server_timeout).raise_for_status()  # 503: its engine died
+        try:
+            self.rollout_worker.check_health(self.args.heartbeat_stale_after_s)
+        except RuntimeError as exc:  # TRL chains the worker's own error, its traceback after the first line
+            cause = str(exc.__cause__ or exc).splitlines()[0]
+            raise ServerFault(f"the rollout worker stopped ({cause}) while the vLLM server at "
+                              f"{self.args.vllm_server_base_url} answers: fix what it says") from None
 
     def local_rows(self, global_tensor: torch.Tensor) -> torch.Tensor:
         return global_tensor  # the main process scores every row; TRL's dispatcher splits the batches

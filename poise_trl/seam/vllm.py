@@ -50,8 +50,16 @@ def file_weight_sync_generation():
     return FileSyncVLLMGeneration
 
 
-def collective_rpc(client, method: str, *args: str) -> list:
-    return client._post(f"{client.base_url}/collective_rpc", json={"method": method, "args": list(args)})["results"]
+def collective_rpc(client, method: str, *args: str, timeout: float | None = None) -> list:
+    """`method` of our worker extension on every vLLM worker, tried once: TRL's client session would send a
+    reload that timed out again while the first may still be loading."""
+    import requests  # noqa: PLC0415 (comes with vLLM)
+
+    answer = requests.post(f"{client.base_url}/collective_rpc", json={"method": method, "args": list(args)},
+                           timeout=timeout)
+    if answer.status_code != 200:
+        raise RuntimeError(f"/collective_rpc {method}: {answer.status_code} {answer.text[:200]}")
+    return answer.json()["results"]
 
 
 def require_weight_reload(client) -> None:
@@ -64,9 +72,11 @@ def require_weight_reload(client) -> None:
             "poise-trl's weight-reload extension") from None
 
 
-def push_weights_through_file(client, weights: dict, path: Path, policy_version: int | None = None) -> None:
+def push_weights_through_file(client, weights: dict, path: Path, policy_version: int | None = None,
+                              timeout: float | None = None) -> None:
     save_file(weights, str(path))
-    collective_rpc(client, RELOAD_METHOD, str(path), *([] if policy_version is None else [str(policy_version)]))
+    collective_rpc(client, RELOAD_METHOD, str(path), *([] if policy_version is None else [str(policy_version)]),
+                   timeout=timeout)
     client.reset_prefix_cache()  # cached prefixes hold the old weights' keys and values
 
 

@@ -91,6 +91,14 @@ def arm_process(recipe: dict, warmup: int, cores: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def code_version() -> str:
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    changed = git("status", "--porcelain", "--", "poise_trl", "benchmarks/async_wallclock.py")
+    return git("rev-parse", "--short", "HEAD") + (" with uncommitted changes" if changed else "")
+
+
 def geometric_mean_interval(ratios: list[float], resamples: int = 10_000, seed: int = 0) -> dict:
     logs = np.log(np.asarray(ratios))
     draws = np.random.default_rng(seed).choice(logs, size=(resamples, len(logs))).mean(axis=1)
@@ -142,7 +150,8 @@ def main() -> None:
                 "vLLM server mode), same server and cores",
         "command": " ".join(["python", "benchmarks/async_wallclock.py", *sys.argv[1:]]),
         "settings": {key: value for key, value in vars(args).items() if key not in ("arm", "output")},
-        "machine": {"cpus": os.cpu_count(), "cores_used": args.cores},
+        "code_version": code_version(),
+        "machine": {"cpus": os.cpu_count(), "cores_used": args.cores, "load_average_after": os.getloadavg()},
         "versions": package_versions(),
         "results": {algo: {"per_10k_generated": geometric_mean_interval([p["ratio_generated"] for p in pairs]),
                            "per_10k_trained": geometric_mean_interval([p["ratio_trained"] for p in pairs]),

@@ -106,6 +106,21 @@ def geometric_mean_interval(ratios: list[float], resamples: int = 10_000, seed: 
     return {"ratio": math.exp(logs.mean()), "ci95": [math.exp(low), math.exp(high)]}
 
 
+def summary(pairs: list[dict]) -> dict:
+    """Per algorithm: the two ratios with intervals, and where the asynchronous arm's time and tokens went (means
+    over pairs of each arm's step seconds, TRL's wait for rollouts, and the share of generated tokens dropped as
+    stale)."""
+    mean = lambda values: float(np.mean(list(values)))  # noqa: E731
+    return {"per_10k_generated": geometric_mean_interval([p["ratio_generated"] for p in pairs]),
+            "per_10k_trained": geometric_mean_interval([p["ratio_trained"] for p in pairs]),
+            "sync_step_seconds": mean(p["sync"]["seconds"] / p["sync"]["steps_timed"] for p in pairs),
+            "async_step_seconds": mean(p["async"]["seconds"] / p["async"]["steps_timed"] for p in pairs),
+            "async_rollout_wait_seconds": mean(p["async"]["gauges_mean"]["perf/rollout_wait_s"] for p in pairs),
+            "async_generated_share_dropped": mean(1 - p["async"]["trained_tokens"] / p["async"]["generated_tokens"]
+                                                  for p in pairs),
+            "pairs": pairs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arm"), parser.add_argument("--warmup", type=int, default=2)
@@ -153,10 +168,7 @@ def main() -> None:
         "code_version": code_version(),
         "machine": {"cpus": os.cpu_count(), "cores_used": args.cores, "load_average_after": os.getloadavg()},
         "versions": package_versions(),
-        "results": {algo: {"per_10k_generated": geometric_mean_interval([p["ratio_generated"] for p in pairs]),
-                           "per_10k_trained": geometric_mean_interval([p["ratio_trained"] for p in pairs]),
-                           "pairs": pairs}
-                    for algo, pairs in results.items()},
+        "results": {algo: summary(pairs) for algo, pairs in results.items()},
     }
     write_json(Path(args.output), payload)
     print(json.dumps({algo: {key: value for key, value in result.items() if key != "pairs"}

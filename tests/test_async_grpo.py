@@ -338,6 +338,48 @@ def test_a_failed_rollout_worker_is_one_line_naming_its_error():
                                 "answers: fix what it says; then run the same command: the run starts over")
 
 
+def watch_then_die(event) -> None:
+    """A rollout worker's child in miniature: a thread waits on the parent's stop Event, then the process dies."""
+    threading.Thread(target=event.wait, daemon=True).start()
+    time.sleep(1)
+    os._exit(1)
+
+
+class DiedUnnoticed:
+    """A child process as `stop` may find it: dead, its exit not seen yet."""
+
+    exitcode = None
+
+    def __init__(self, process):
+        self.process = process
+
+    def __getattr__(self, name):
+        return getattr(self.process, name)
+
+
+def test_stopping_a_worker_whose_child_died_waiting_returns(monkeypatch):
+    """TRL's stop sets the Event a dead child's watcher thread was waiting on, and `Event.set` then waits forever;
+    ours gives it STOP_SECONDS and moves on (the server-killed test above meets it for real)."""
+    import multiprocessing
+
+    from accelerate import PartialState
+
+    from poise_trl.seam import async_grpo
+
+    PartialState()  # TRL's stop logs through accelerate
+    context = multiprocessing.get_context("spawn")
+    worker = async_grpo.StoppableWorker.__new__(async_grpo.StoppableWorker)  # only `stop` is under test
+    worker._stop_event_mp = context.Event()
+    child = context.Process(target=watch_then_die, args=(worker._stop_event_mp,))
+    child.start()
+    child.join(timeout=60)  # it registered as the Event's waiter, then died
+    worker._process = DiedUnnoticed(child)
+    monkeypatch.setattr(async_grpo, "STOP_SECONDS", 2.0)
+    started = time.time()
+    worker.stop()
+    assert worker._process is None and time.time() - started < 10
+
+
 def test_a_group_older_than_max_staleness_is_dropped_counted_and_named_once():
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 

@@ -20,6 +20,7 @@ import dataclasses
 import queue
 import shutil
 import tempfile
+import threading
 import warnings
 from collections import deque
 from contextlib import contextmanager
@@ -44,6 +45,7 @@ from poise_trl.seam.trainer import TrainerSeam
 from poise_trl.seam.vllm import push_weights_through_file, require_weight_reload
 
 SERVER_VERSION = "rollout/server_policy_version"
+STOP_SECONDS = 30.0  # TRL's stop waits 15 s for its child to exit, then 5 s after terminating it
 
 
 def tree_attention(module, query, key, value, attention_mask, *, tree_kv_index=None, tree_cu_seqlens_q=None,
@@ -138,7 +140,28 @@ class ServerVersionLoop(_AsyncRolloutLoop):
         return samples
 
 
-class ServerVersionWorker(AsyncRolloutWorker):
+class StoppableWorker(AsyncRolloutWorker):
+    """TRL's rollout worker, whose `stop` also returns when its child process has died (its server gone, or its
+    own error): TRL's stop sets a multiprocessing Event the dead child's watcher thread was waiting on, and
+    `Event.set` then waits forever for that waiter to wake. So TRL's stop runs in a thread given its own
+    join timeouts and a margin; past them the child is killed and the thread left behind."""
+
+    def stop(self) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.exitcode is None:
+            stopping = threading.Thread(target=AsyncRolloutWorker.stop, args=(self,), daemon=True)
+            stopping.start()
+            stopping.join(timeout=STOP_SECONDS)
+            if not stopping.is_alive():
+                return
+            process.kill()
+        process.join()
+        self._process = None
+
+
+class ServerVersionWorker(StoppableWorker):
     _loop_cls = ServerVersionLoop
 
 
@@ -149,7 +172,7 @@ def cpu_ready_construction():
     torch) and builds `AsyncRolloutWorker` by its module name. This registers `tree_attention` and SDPA's mask
     (packed rows ignore it; padded ones, in generation and the feature pass, need it) after TRL's, and off
     CUDA reports no peak (MFU unlogged) and builds `ServerVersionWorker` (its server reloads weights from a
-    file and keeps their version)."""
+    file and keeps their version), on CUDA `StoppableWorker`."""
     register, peak = trainer_module.register_tree_attention, trainer_module.get_peak_flops_per_device
     cpu = not torch.cuda.is_available()
 
@@ -161,7 +184,7 @@ def cpu_ready_construction():
     trainer_module.register_tree_attention = register_then_ours
     trainer_module.get_peak_flops_per_device = lambda accelerator, dtype: (
         peak(accelerator, dtype) if accelerator.device.type == "cuda" else None)
-    trainer_module.AsyncRolloutWorker = ServerVersionWorker if cpu else AsyncRolloutWorker
+    trainer_module.AsyncRolloutWorker = ServerVersionWorker if cpu else StoppableWorker
     try:
         yield
     finally:

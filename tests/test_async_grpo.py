@@ -144,6 +144,31 @@ def test_rloo_async_advantages_versions_and_weights(server, tmp_path):
     assert_server_samples_trainer_weights(server, trainer)
 
 
+def test_dapo_without_dynamic_sampling_runs_off_policy_with_its_overlong_shaping(server, tmp_path):
+    """DAPO's own events run asynchronously (its overlong metrics are logged) and give group-normalized rewards
+    after the overlong penalty of each rollout's completion length (16-token cap, 8-token penalty band)."""
+    recipe = async_recipe(server, "dapo", num_generations=4, max_steps=2, dynamic_sampling=False,
+                          overlong_buffer_length=8)
+    trainer = build_trainer(recipe, tmp_path)
+    shaped = []
+    compute = trainer.compute_advantages
+
+    def record(rewards, output):
+        advantages = compute(rewards, output)
+        shaped.append((rewards, trainer.round.completion_lengths, advantages))
+        return advantages
+
+    trainer.compute_advantages = record
+    trainer.train()
+    assert trainer.state.global_step == 2 and shaped
+    for rewards, lengths, advantages in shaped:
+        penalty = estimators.overlong_penalty(lengths, 16, 8, 1.0)
+        assert (penalty < 0).any()
+        wanted = estimators.group_normalized_advantages(rewards + penalty, 4)
+        assert torch.allclose(advantages, wanted, atol=1e-6)
+    assert any("dapo/overlong_penalty_mean" in entry for entry in trainer.state.log_history)
+
+
 def assert_server_samples_trainer_weights(server, trainer) -> None:
     """The server's log-probabilities of a fixed sequence are the trainer's (a LoRA adapter merged): TRL
     syncs after every step, the last one included."""
@@ -167,7 +192,7 @@ def test_lora_reaches_the_server_merged(server, tmp_path):
 
 
 @pytest.mark.parametrize(("algo", "settings", "says"), [
-    ("dapo", {}, "dynamic sampling"),
+    ("dapo", {}, "set dynamic_sampling: false"),
     ("asyppo", {}, "critics"),
     ("reinforce_pp", {}, "set beta: 0"),
     ("poise", {"prompt_selection": True}, "set prompt_selection: false"),

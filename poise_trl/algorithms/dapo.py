@@ -113,24 +113,8 @@ def merge_batches(outputs: list[dict], rows: list[tuple[int, int]], pad_token_id
 # --- Trainer ---------------------------------------------------------------------------
 
 
-class DAPOTrainer(ProcessRewardMixin, GRPOSeam):
-    """GRPO advantages on overlong-shaped rewards, with dynamic sampling of groups with 0 < #correct < G."""
-
-    off_policy_refusal = ("its dynamic sampling asks for more prompts of the same round until the groups carry "
-                          "signal; the asynchronous worker streams prompts on its own and has no such round")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.args.dynamic_sampling and not (
-            hasattr(self.train_dataset, "__getitem__") and hasattr(self.train_dataset, "__len__")
-        ):
-            raise ValueError("DAPO's dynamic sampling draws extra prompts by index: it needs a map-style train "
-                             "dataset")
-        self._extra_prompts = None
-        self.extra_batches_drawn = 0  # position of the extra-prompt stream, saved with checkpoints
-        self.dynamic_sampling_history: list[dict] = []
-
-    # -- rewards and advantages ---------------------------------------------------------------
+class OverlongShapedAdvantages:
+    """GRPO advantages on overlong-shaped rewards (Eq. 13), on either seam (`GRPOSeam`, `AsyncGRPOSeam`)."""
 
     def compute_advantages(self, rewards, output):
         cfg = self.args
@@ -143,6 +127,23 @@ class DAPOTrainer(ProcessRewardMixin, GRPOSeam):
             self.log_metric("dapo/overlong_penalized_frac", (penalty < 0).float().mean().item())
             rewards = rewards + penalty
         return self.local_rows(estimators.group_normalized_advantages(rewards, self.num_generations))
+
+
+class DAPOTrainer(OverlongShapedAdvantages, ProcessRewardMixin, GRPOSeam):
+    """GRPO advantages on overlong-shaped rewards, with dynamic sampling of groups with 0 < #correct < G."""
+
+    async_events = OverlongShapedAdvantages  # with dynamic sampling off (`seam.async_grpo.off_policy_conflict`)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.args.dynamic_sampling and not (
+            hasattr(self.train_dataset, "__getitem__") and hasattr(self.train_dataset, "__len__")
+        ):
+            raise ValueError("DAPO's dynamic sampling draws extra prompts by index: it needs a map-style train "
+                             "dataset")
+        self._extra_prompts = None
+        self.extra_batches_drawn = 0  # position of the extra-prompt stream, saved with checkpoints
+        self.dynamic_sampling_history: list[dict] = []
 
     # -- dynamic sampling -----------------------------------------------------------------------
 

@@ -382,6 +382,9 @@ def off_policy_conflict(config) -> str | None:
         return "it takes one optimizer step per rollout batch: set num_iterations: 1"
     if any(weight != 1 for weight in get("reward_weights") or []):
         return "its rollout worker sums the reward functions unweighted: remove reward_weights"
+    if get("dynamic_sampling", False):
+        return ("its rollout worker streams prompts, and DAPO's dynamic sampling needs a round to draw more into: "
+                "set dynamic_sampling: false (clip-higher, the token-level loss and overlong shaping run so)")
     if get("process_rewards", False):
         return "it takes one advantage per rollout, not per-token process advantages: set process_rewards: false"
     if get("prompt_selection", False):

@@ -7,6 +7,26 @@ from pathlib import Path
 
 import torch
 
+SEQUENCE_TEXT = "12+34=<think>4+2=6</think>46"  # a fixed prompt + completion whose log-probabilities are compared
+
+
+def server_logprobs(url: str, ids: list[int]) -> torch.Tensor:
+    """A vLLM server's log-probability of each token of `ids` after the ones before it."""
+    import requests  # comes with vLLM
+
+    model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+    choice = requests.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    return torch.tensor([choice["prompt_logprobs"][i][str(ids[i])]["logprob"] for i in range(1, len(ids))])
+
+
+def model_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """The same from a transformers model, by one plain forward."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
 # A recipe's `rewards` entry naming digit_parity_reward (pytest puts tests/ on sys.path; a `poise train`
 # subprocess needs tests/ on PYTHONPATH).
 VARYING_REWARD = "helpers:digit_parity_reward"

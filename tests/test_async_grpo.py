@@ -21,7 +21,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import VARYING_REWARD, assert_parameters_moved, build_trainer, trainable_parameters
+from helpers import (
+    SEQUENCE_TEXT,
+    VARYING_REWARD,
+    assert_parameters_moved,
+    build_trainer,
+    model_logprobs,
+    server_logprobs,
+    trainable_parameters,
+)
 from transformers import AutoModelForCausalLM
 
 from poise_trl.core import estimators
@@ -30,9 +38,6 @@ from poise_trl.run.recipe import RecipeError
 from poise_trl.run.run_folder import CHECKPOINT_MARKER
 
 pytestmark = pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (docs/install.md)")
-
-SEQUENCE_TEXT = "12+34=<think>4+2=6</think>46"
-
 
 def test_tree_attention_equals_the_unpacked_forward(tiny_random_model_dir):
     """Rollouts of one prompt packed into TRL's prefix trie (the prompt forwarded once, two completions sharing
@@ -114,14 +119,6 @@ def recording_rounds(trainer) -> list:
     return rounds
 
 
-def server_logprobs(server, ids: list[int]) -> torch.Tensor:
-    import requests
-
-    body = {"model": str(server.model), "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-    choice = requests.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
-    return torch.tensor([choice["prompt_logprobs"][i][str(ids[i])]["logprob"] for i in range(1, len(ids))])
-
-
 def test_rloo_async_advantages_versions_and_weights(server, tmp_path):
     """RLOO's own advantages reach TRL's loss; each rollout carries the version it was asked from and the
     version the server served, never more than max_staleness behind the trainer; after the run the server
@@ -173,10 +170,8 @@ def assert_server_samples_trainer_weights(server, trainer) -> None:
     """The server's log-probabilities of a fixed sequence are the trainer's (a LoRA adapter merged): TRL
     syncs after every step, the last one included."""
     ids = trainer.processing_class(SEQUENCE_TEXT)["input_ids"]
-    with torch.no_grad():  # the tree attention's padded path: a plain forward
-        logits = trainer.model(input_ids=torch.tensor([ids])).logits[0, :-1]
-    wanted = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
-    assert (server_logprobs(server, ids) - wanted).abs().max() < 1e-3
+    wanted = model_logprobs(trainer.model, ids)  # the tree attention's padded path: a plain forward
+    assert (server_logprobs(server.url, ids) - wanted).abs().max() < 1e-3
 
 
 def test_lora_reaches_the_server_merged(server, tmp_path):

@@ -190,10 +190,10 @@ def test_the_slurm_script_checks_every_machine_then_trains(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.skipif(vllm_import_error() is not None, reason=f"{vllm_import_error()} (docs/install.md)")
 def test_two_machines_train_through_a_vllm_server_reached_by_url(tmp_path):
-    from test_vllm_server import Server
+    from poise_trl.engines.vllm_server import LocalServer
 
     model = resolve_model_path("data/tiny-qwen3")
-    server = Server(Path(model), tmp_path / "server.log")
+    server = LocalServer(Path(model), tmp_path / "server.log")
     try:
         server.start()
         recipe = recipe_file(tmp_path, model=model, use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url,

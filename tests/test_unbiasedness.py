@@ -44,20 +44,23 @@ def score_function(actions: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.one_hot(actions, N_ACTIONS).double() - pi[:, None, :]
 
 
-@pytest.fixture(scope="module")
-def rollouts():
-    gen = torch.Generator().manual_seed(1234)
-    pi = THETA.softmax(-1)
-    # (N, C, 2): two independent rollouts per context per batch
-    actions = torch.multinomial(pi, 2 * N_BATCHES, replacement=True, generator=gen)
+def sample_rollouts(policy: torch.Tensor, seed: int):
+    """(N, C, 2) actions drawn from `policy` (two independent rollouts per context per batch), their rewards, and
+    the fixed probe's predictions g(z) from their noisy one-hot features."""
+    gen = torch.Generator().manual_seed(seed)
+    actions = torch.multinomial(policy, 2 * N_BATCHES, replacement=True, generator=gen)
     actions = actions.view(N_CONTEXTS, N_BATCHES, 2).permute(1, 0, 2).contiguous()
     contexts = torch.arange(N_CONTEXTS).view(1, N_CONTEXTS, 1)
     rewards = torch.bernoulli(REWARD_PROB[contexts, actions], generator=gen)
     cell = contexts * N_ACTIONS + actions
     noise = NOISE * torch.randn(*cell.shape, N_CONTEXTS * N_ACTIONS, generator=gen, dtype=torch.float64)
     features = torch.nn.functional.one_hot(cell, N_CONTEXTS * N_ACTIONS).double() + noise
-    predictions = features @ REWARD_PROB.reshape(-1)  # the fixed probe g(z)
-    return actions, rewards, predictions
+    return actions, rewards, features @ REWARD_PROB.reshape(-1)
+
+
+@pytest.fixture(scope="module")
+def rollouts():
+    return sample_rollouts(THETA.softmax(-1), seed=1234)
 
 
 def per_batch_gradients(advantages: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -103,16 +106,9 @@ STEP = torch.tensor([[0.4, -0.4, 0.0, 0.0], [0.0, 0.4, -0.4, 0.0], [0.4, 0.0, 0.
 
 
 def stale_rollouts(staleness: int):
-    gen = torch.Generator().manual_seed(4321 + staleness)
     behaviour = (THETA - staleness * STEP).softmax(-1)
-    actions = torch.multinomial(behaviour, 2 * N_BATCHES, replacement=True, generator=gen)
-    actions = actions.view(N_CONTEXTS, N_BATCHES, 2).permute(1, 0, 2).contiguous()
+    actions, rewards, predictions = sample_rollouts(behaviour, seed=4321 + staleness)
     contexts = torch.arange(N_CONTEXTS).view(1, N_CONTEXTS, 1)
-    rewards = torch.bernoulli(REWARD_PROB[contexts, actions], generator=gen)
-    cell = contexts * N_ACTIONS + actions
-    noise = NOISE * torch.randn(*cell.shape, N_CONTEXTS * N_ACTIONS, generator=gen, dtype=torch.float64)
-    features = torch.nn.functional.one_hot(cell, N_CONTEXTS * N_ACTIONS).double() + noise
-    predictions = features @ REWARD_PROB.reshape(-1)  # the fixed probe g(z)
     weights = THETA.softmax(-1)[contexts, actions] / behaviour[contexts, actions]
     advantages, _ = cross_rollout_advantages(rewards.reshape(-1), predictions.reshape(-1), group_size=2)
     return actions, advantages.view_as(rewards), weights

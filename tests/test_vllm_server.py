@@ -14,9 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
-import torch
-from helpers import VARYING_REWARD, assert_parameters_moved, build_trainer, trainable_parameters
+from helpers import (
+    SEQUENCE_TEXT,
+    VARYING_REWARD,
+    assert_parameters_moved,
+    build_trainer,
+    model_logprobs,
+    server_logprobs,
+    trainable_parameters,
+)
 
 from poise_trl.engines.generation import vllm_import_error
 from poise_trl.engines.vllm_server import LocalServer
@@ -32,23 +38,9 @@ pytestmark = [
 COMMON = {"rewards": [VARYING_REWARD], "dataset_size": 64, "per_device_train_batch_size": 8,
           "max_completion_length": 32, "eval_every": 0, "eval_limit": 8, "logging_steps": 1, "save_strategy": "no",
           "seed": 0}
-SEQUENCE_TEXT = "12+34=<think>4+2=6</think>46"  # a fixed prompt + completion to score
-
-
-class Server(LocalServer):
-    """The package's local server (`engines.vllm_server.LocalServer`), asked for log-probabilities."""
-
-    def sequence_logprobs(self, ids: list[int]) -> torch.Tensor:
-        """The server's log-probability of each token of `ids` after the ones before it."""
-        model = requests.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"]
-        body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-        choice = requests.post(f"{self.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
-        return torch.tensor([choice["prompt_logprobs"][i][str(ids[i])]["logprob"] for i in range(1, len(ids))])
-
-
 @pytest.fixture(scope="module")
 def server(random_model_dir, tmp_path_factory):
-    server = Server(random_model_dir, tmp_path_factory.mktemp("vllm-server") / "server.log")
+    server = LocalServer(random_model_dir, tmp_path_factory.mktemp("vllm-server") / "server.log")
     try:
         server.start()
         yield server
@@ -62,19 +54,13 @@ def server_recipe(server, algo: str, **overrides) -> dict:
             **COMMON, **overrides}
 
 
-def model_logprobs(model, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
-    return logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
-
-
 def assert_server_samples_trainer_weights(server, trainer) -> None:
     """After TRL's weight sync (what it runs before each generation round), the server's log-probabilities
     of a fixed sequence are the trainer's (a LoRA adapter merged), and they moved from the start."""
     ids = trainer.processing_class(SEQUENCE_TEXT)["input_ids"]
-    before = server.sequence_logprobs(ids)  # synced at step 0: the starting weights
+    before = server_logprobs(server.url, ids)  # synced at step 0: the starting weights
     trainer.vllm_generation.sync_weights()
-    after, wanted = server.sequence_logprobs(ids), model_logprobs(trainer.model, ids)
+    after, wanted = server_logprobs(server.url, ids), model_logprobs(trainer.model, ids)
     assert (after - wanted).abs().max() < 1e-3, (after, wanted)  # float32 on both sides
     assert (after - before).abs().max() > 1e-2, "the server's log-probabilities did not move"
 

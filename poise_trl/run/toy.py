@@ -78,9 +78,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def build_model(tokenizer, seed: int, hidden_size: int = 128, num_layers: int = 4) -> Qwen3ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen3Config(
+def tiny_config(tokenizer, hidden_size: int, num_layers: int) -> Qwen3Config:
+    """The tiny Qwen3's geometry for `tokenizer`: the actor's (`build_model`) and a random critic's."""
+    return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -94,7 +94,11 @@ def build_model(tokenizer, seed: int, hidden_size: int = 128, num_layers: int = 
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return Qwen3ForCausalLM(config)
+
+
+def build_model(tokenizer, seed: int, hidden_size: int = 128, num_layers: int = 4) -> Qwen3ForCausalLM:
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(tiny_config(tokenizer, hidden_size, num_layers))
 
 
 def sft_dataset(n: int, seed: int, slip_rate: float):
@@ -680,12 +684,7 @@ def build_tiny_critic(output_dir: str | Path, actor_dir: str | Path | None = Non
         config = Qwen3Config(**{**settings, "num_hidden_layers": num_layers})
     else:
         tokenizer = build_tokenizer()
-        config = Qwen3Config(
-            vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
-            max_position_embeddings=1024, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
+        config = tiny_config(tokenizer, hidden_size, num_layers)
     config.num_labels = 1
     config.classifier_dropout = 0.0
     config.tie_word_embeddings = False
@@ -701,8 +700,6 @@ def build_tiny_critic(output_dir: str | Path, actor_dir: str | Path | None = Non
         weight = critic.score.weight
         weight.copy_(torch.randn(weight.shape, generator=generator) * config.initializer_range)
         critic.score.bias.zero_()
-    critic.save_pretrained(output_dir, safe_serialization=True)
-    tokenizer.save_pretrained(output_dir)
     card = {
         "name": "tiny-critic",
         "architecture": "Qwen3ForTokenClassification",
@@ -712,12 +709,12 @@ def build_tiny_critic(output_dir: str | Path, actor_dir: str | Path | None = Non
         "init": f"embeddings + first {num_layers} blocks + norm of {actor_dir}" if actor_dir else "random",
         "seed": seed,
     }
-    (output_dir / "build_info.json").write_text(json.dumps(card, indent=2) + "\n")
-    (output_dir / "README.md").write_text(
+    card_text = (
         f"# tiny-critic\n\nA {card['parameters']:,}-parameter `Qwen3ForTokenClassification` value model "
         f"(num_labels=1, {num_layers} layers, hidden size {config.hidden_size}) for AsyPPO / PPO / VAPO on the "
         f"toy world. Init: {card['init']}; scalar head drawn from seed {seed}. Untrained as a critic: the "
         "value head learns during RL.\n\nMade by `poise_trl.run.toy.build_tiny_critic` "
         f"(settings: {json.dumps({'num_layers': num_layers, 'seed': seed, 'actor_dir': str(actor_dir)})}).\n"
     )
+    save_world(critic, tokenizer, output_dir, card, card_text)
     return card

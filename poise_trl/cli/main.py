@@ -254,15 +254,13 @@ def toy_build_critic(
                                    "one by default)."),
 ):
     """Build the tiny critic for AsyPPO / PPO / VAPO from the tiny actor's first blocks."""
-    from poise_trl.run.toy import build_tiny_critic
+    from poise_trl.run.toy import build_tiny_critic, checked_output_dir
 
     output_dir = output_dir or BUNDLED_DATA / "tiny-critic"
     actor_dir = actor_dir or BUNDLED_DATA / "tiny-qwen3"
     try:
-        if not overwrite and any(output_dir.glob("*.safetensors")):
-            raise ValueError(f"{output_dir} already holds a model: give --overwrite to replace it, or another "
-                             "--output-dir")
-        card = build_tiny_critic(output_dir, actor_dir=actor_dir, num_layers=num_layers, seed=seed)
+        card = build_tiny_critic(checked_output_dir(output_dir, overwrite), actor_dir=actor_dir,
+                                 num_layers=num_layers, seed=seed)
     except (OSError, ValueError) as exc:
         fail(str(exc))
         return

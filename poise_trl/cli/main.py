@@ -307,14 +307,6 @@ def recipes_cp(
     console.print(f"copied {source.relative_to(source.parents[1])} to {dest}", highlight=False)
 
 
-def _register_commands() -> None:
-    app.command("bench")(bench)
-    app.command("probe-eval")(probe_eval)
-    app.command("compare")(compare)
-    app.command("grade")(grade)
-    app.command("plan")(plan)
-
-
 def as_paragraphs(text: str) -> str:
     """Help text whose source line breaks inside a paragraph are gone, so the terminal wraps it; blank lines
     between paragraphs and the breaks before list items ("- ") stay."""
@@ -342,7 +334,11 @@ def _tidy_help(typer_app: typer.Typer) -> None:
         _tidy_help(group.typer_instance)
 
 
-_register_commands()
+app.command("bench")(bench)
+app.command("probe-eval")(probe_eval)
+app.command("compare")(compare)
+app.command("grade")(grade)
+app.command("plan")(plan)
 _tidy_help(app)
 
 if __name__ == "__main__":

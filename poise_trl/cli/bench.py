@@ -6,13 +6,10 @@ from pathlib import Path
 
 import typer
 import yaml
-from rich.console import Console
 from rich.table import Table
 
-from poise_trl.cli.errors import fail, user_errors
+from poise_trl.cli.errors import console, fail, user_errors
 from poise_trl.core.loading import check_model_files
-
-console = Console()
 
 
 def bench(

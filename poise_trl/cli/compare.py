@@ -6,10 +6,7 @@ import shlex
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
-
-console = Console()
 
 
 def compare(
@@ -37,7 +34,7 @@ def compare(
     Rerun the same command to resume: complete runs are skipped, interrupted ones resume from
     their newest complete checkpoint, and runs made with other settings are refused.
     """
-    from poise_trl.cli.errors import fail, user_errors
+    from poise_trl.cli.errors import console, fail, user_errors
     from poise_trl.run import compare as lib
     from poise_trl.run.callbacks import Budget
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from poise_trl.cli.errors import fail, user_errors
-
-console = Console()
+from poise_trl.cli.errors import console, fail, user_errors
 
 
 def plan(

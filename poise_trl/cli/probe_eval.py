@@ -7,14 +7,12 @@ from pathlib import Path
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from poise_trl.cli.errors import fail, user_errors
+from poise_trl.cli.errors import console, fail, user_errors
 from poise_trl.core.loading import check_model_files
 
-console = Console()
 _ROWS = {  # estimator -> its row's label, short so that the table fits 80 columns (the legend says what they are)
     "probe": "POISE probe",
     "probe_no_entropy": "no entropy",

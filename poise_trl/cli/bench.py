@@ -76,7 +76,7 @@ def bench(
     (OUTPUT_DIR/results_lighteval.json)."""
     from poise_trl.evaluation import bench as lib
     from poise_trl.evaluation.agent import RecipeTools
-    from poise_trl.evaluation.bench_data import BenchError, DataRequest
+    from poise_trl.evaluation.bench_data import BenchError
     from poise_trl.evaluation.bench_reports import compare_results, eval_results, model_id
     from poise_trl.run.recipe import recipe_tools
 
@@ -91,15 +91,13 @@ def bench(
         if not model:
             raise BenchError("give the model to evaluate with --model (a local folder or a hub id)")
         check_model_files(model)  # a truncated weights or tokenizer file: one line naming it, before any engine starts
-        columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
         summary = lib.run_benchmarks(
             names, model, num_samples=n, temperature=temperature, top_p=top_p,
             max_new_tokens=max_new_tokens, output_dir=output_dir, seed=seed,
             data_files=_data_files(data_file or [], names, preset), batch_size=batch_size, overwrite=overwrite,
             show_progress=not no_progress, preset=preset, name=name, engine=engine,
             tools=RecipeTools(**recipe_tools(tools_from)) if tools_from else None,
-            request=DataRequest(split=split, limit=limit, columns=columns or None, config=config,
-                                    task_config=parse_key_values(task_config or [], "--task-config")),
+            request=data_request(split, limit, question_column, answer_column, config, task_config),
         )
         if push_to_hub:
             from poise_trl.run.hub import push_bench_results
@@ -116,17 +114,20 @@ def bench(
         console.print(f"model-index added to https://huggingface.co/{push_to_hub}", highlight=False)
 
 
-def parse_key_values(items: list[str], option: str) -> dict | None:
-    """KEY=VALUE items -> {KEY: VALUE read as YAML}, or None without items."""
-    from poise_trl.evaluation.bench_data import BenchError
+def data_request(split: str | None, limit: int | None, question_column: str | None, answer_column: str | None,
+                 config: str | None, task_config: list[str] | None):
+    """The `DataRequest` of the data options `poise bench` and `poise grade` share; --task-config KEY=VALUE
+    items -> {KEY: VALUE read as YAML}."""
+    from poise_trl.evaluation.bench_data import BenchError, DataRequest
 
     pairs = {}
-    for item in items:
+    for item in task_config or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise BenchError(f"{option} {item!r}: give KEY=VALUE")
+            raise BenchError(f"--task-config {item!r}: give KEY=VALUE")
         pairs[key] = yaml.safe_load(value)
-    return pairs or None
+    columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
+    return DataRequest(split=split, limit=limit, columns=columns or None, config=config, task_config=pairs or None)
 
 
 def _data_files(items: list[str], names: list[str], preset: str | None) -> dict[str, str] | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from poise_trl.cli.bench import parse_key_values
+from poise_trl.cli.bench import data_request
 from poise_trl.cli.errors import console, fail, user_errors
 
 
@@ -34,13 +34,10 @@ def grade(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output."),
 ):
     """Score existing completions with each row's verifier: mean reward per task, rewards per completion."""
-    from poise_trl.evaluation import bench_data as lib
     from poise_trl.evaluation.grade import run_grade
 
     try:
-        columns = {k: v for k, v in (("question", question_column), ("answer", answer_column)) if v}
-        request = lib.DataRequest(split=split, limit=limit, columns=columns or None, config=config,
-                                  task_config=parse_key_values(task_config or [], "--task-config"))
+        request = data_request(split, limit, question_column, answer_column, config, task_config)
         summary = run_grade(dataset, completions, output, data_file, request, seed, overwrite=overwrite)
     except user_errors() as exc:
         fail(str(exc))

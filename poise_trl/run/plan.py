@@ -429,19 +429,17 @@ def build_plan(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: i
 
     sequence = inputs.prompt_length + inputs.tool_schema_tokens + inputs.completion_length
     tokens = inputs.rows * sequence
-    layer = layer_activation_bytes(shape, tokens, compute, residual)
+    view = PlanView(inputs, sequence, autocast)
     rows, turns = f"{inputs.rows} rows x {sequence} tokens", inputs.tool_turns
     if turns:
         rows += (f" (prompt {inputs.prompt_length} + tool schema {inputs.tool_schema_tokens} + {turns + 1} turns and "
                  f"{turns} rounds of tool results of <= {inputs.tool_result_tokens} tokens, all within "
                  f"max_completion_length {inputs.completion_length})")
     if inputs.gradient_checkpointing:
-        activations = shape.num_layers * tokens * shape.hidden_size * residual + layer
         act_note = f"{rows}, checkpointed: block inputs + 1 block"
     else:
-        activations = shape.num_layers * layer
         act_note = f"{rows}, {shape.num_layers} blocks"
-    items.append(PlanItem("activations", int(activations), act_note))
+    items.append(PlanItem("activations", int(view.activation_bytes(shape, tokens, compute, residual)), act_note))
     # The head's fp32 weight gradient is the parameter's .grad where gradients are whole and fp32;
     # LoRA freezes the head.
     head_grad = not inputs.peft_rank and (grad_bytes != 4 or shard_grads)
@@ -451,7 +449,6 @@ def build_plan(inputs: PlanInputs, shape: ModelShape, *, gpus: int, gpu_bytes: i
         ref = (P / n if shard_weights else P) * load
         items.append(PlanItem("reference model (beta > 0)", int(ref), f"{load} B per param"))
     if inputs.algorithm_items is not None:
-        view = PlanView(inputs, sequence, autocast)
         items += [PlanItem(name, int(size), note) for name, size, note in inputs.algorithm_items(view)]
     if device != "cpu":
         if inputs.use_vllm and inputs.vllm_mode == "colocate":

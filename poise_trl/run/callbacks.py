@@ -107,11 +107,10 @@ class HeldOutEvalCallback(BudgetHolder):
                       seconds=round(time.time() - started, 2), **extra)
         self.history.append(result)
 
-    def _push_weights_to_engine(self, state) -> None:
+    def _push_weights_to_engine(self) -> None:
         """On EVERY process before an evaluation: give the colocated engine this step's weights, once."""
-        trainer = self.trainer
-        if colocated_vllm(trainer) is not None:
-            trainer.push_weights_to_engine()
+        if colocated_vllm(self.trainer) is not None:
+            self.trainer.push_weights_to_engine()
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -167,7 +166,7 @@ class HeldOutEvalCallback(BudgetHolder):
         if self.resume_from:
             self.restore(self.resume_from)
         if not self.history:
-            self._push_weights_to_engine(state)
+            self._push_weights_to_engine()
             if self._evaluates_here(state):
                 self._run_evaluation(state, model)
 
@@ -191,7 +190,7 @@ class HeldOutEvalCallback(BudgetHolder):
         if not evaluate:
             return
         control.should_log = True  # on every process: logging gathers the loss
-        self._push_weights_to_engine(state)
+        self._push_weights_to_engine()
         if self._evaluates_here(state):
             extra = {"budget_point": self.budget_points_done} if self.budget is not None else {}
             self._run_evaluation(state, model, **extra)
@@ -199,7 +198,7 @@ class HeldOutEvalCallback(BudgetHolder):
                 self.trainer.pending_logs["heldout/accuracy"] = self.history[-1]["accuracy"]
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        self._push_weights_to_engine(state)
+        self._push_weights_to_engine()
         if self._evaluates_here(state):
             self._run_evaluation(state, model)
 

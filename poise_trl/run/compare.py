@@ -13,7 +13,7 @@ import math
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -213,8 +213,8 @@ def check_recipes(recipe_paths: list[Path], overrides: list[str]) -> tuple[dict[
             parse_recipe(recipe)
         except ValueError as exc:
             raise RecipeError(f"{path}: {exc}") from None
-        if recipe.get("lr_scheduler_type", "linear") not in ("constant", "constant_with_warmup"):
-            schedule = recipe.get("lr_scheduler_type", "linear")
+        schedule = recipe.get("lr_scheduler_type", "linear")
+        if schedule not in ("constant", "constant_with_warmup"):
             warnings.append(f"{path} uses lr_scheduler_type {schedule!r}, which decays over max_steps; under a "
                             "budget max_steps is only a cap (--max-steps): the schedule is stretched")
         recipes[name] = recipe
@@ -245,10 +245,6 @@ def run_status(run: PlannedRun, expected_recipe: dict) -> str:
             "--output-dir, or delete that folder to rerun it"
         )
     return status
-
-
-def budget_dict(budget: Budget) -> dict:
-    return {"unit": budget.unit, "amount": budget.amount, "points": budget.points}
 
 
 def train_command(run: PlannedRun, run_settings: list[str], resume: bool, show_progress: bool,
@@ -401,7 +397,7 @@ def aggregate(runs: list[PlannedRun], budget: Budget, target: str | None, recipe
             reached["tokens_ratio_to_reference"] = _ratio(reached["tokens"], ref_tokens)
     seeds = {name: [s["seed"] for s in ss] for name, ss in by_name.items()}
     return {
-        "budget": budget_dict(budget),
+        "budget": asdict(budget),
         "seeds": sorted({run.seed for run in runs}),
         "target": resolved,
         "differences": paired_differences(seed_curves, seeds),

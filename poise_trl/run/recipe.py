@@ -295,7 +295,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
 
 
 def _range_error(key: str, value: Any, low: float, high: float, open_low: bool) -> str | None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value is None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
     if (value <= low if open_low else value < low) or value > high:
         if high == 1 and low == 0:
@@ -380,6 +380,7 @@ def parse_recipe(recipe: dict, output_dir: str | None = None) -> RunPlan:
 
 
 def build_config(algorithm: Algorithm, config_kwargs: dict, output_dir: str | None):
+    fields = algorithm.config_class.__dataclass_fields__
     kwargs = dict(config_kwargs)
     if output_dir is not None:
         kwargs["output_dir"] = output_dir
@@ -391,20 +392,19 @@ def build_config(algorithm: Algorithm, config_kwargs: dict, output_dir: str | No
     # held-out evaluation, which the other ranks wait for, takes longer.
     kwargs.setdefault("ddp_timeout", DEFAULT_COLLECTIVE_TIMEOUT_S)
     kwargs["disable_tqdm"] = True  # the rich display replaces tqdm
-    if kwargs.get("log_completions") and "num_completions_to_print" in algorithm.config_class.__dataclass_fields__:
+    if kwargs.get("log_completions") and "num_completions_to_print" in fields:
         kwargs.setdefault("num_completions_to_print", 4)  # TRL prints every row of the table at each log
     import torch  # noqa: PLC0415 (see parse_recipe)
 
     if not torch.cuda.is_available():
         kwargs.update(use_cpu=True, bf16=False)
         kwargs.setdefault("gradient_checkpointing", False)
-    fields = algorithm.config_class.__dataclass_fields__
     # transformers 5.24 renamed gradient_checkpointing to activation_checkpointing and warns on the old name,
     # TRL's, which recipes keep: it is handed on under the new one.
     if "activation_checkpointing" in fields:
         for old in ("gradient_checkpointing", "gradient_checkpointing_kwargs"):
             kwargs.setdefault(old.replace("gradient", "activation"), kwargs.pop(old, fields[old].default))
-    if "num_generations" in algorithm.config_class.__dataclass_fields__:  # A*-PO: one rollout per prompt
+    if "num_generations" in fields:  # A*-PO: one rollout per prompt
         check_batch_geometry({key: requested_value(algorithm, config_kwargs, key) for key in
                               ("num_generations", "per_device_train_batch_size", "steps_per_generation",
                                "gradient_accumulation_steps", "generation_batch_size")})

@@ -164,15 +164,6 @@ def score(completion: str, verifier: dict) -> float:
     return grade_batch([completion], [verifier])[0][0]
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c passed (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
-    if not 0 <= c <= n or not 0 < k <= n:
-        raise ValueError(f"pass@k needs 0 <= c <= n and 0 < k <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
 TASK = TaskFamily(
     name="humaneval",
     description="HumanEval: complete a Python function; reward 1 when its unit tests pass in the sandbox",

@@ -220,7 +220,6 @@ def sample_transformers(
                             num_tokens=length,
                             truncated=not ended,
                             token_ids=ids[:length],
-                            finish_reason="stop" if ended else "length",
                         )
                     )
                 samples.extend(batch)

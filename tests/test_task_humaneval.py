@@ -7,8 +7,9 @@ import time
 import pytest
 
 from poise_trl.core import sandbox
+from poise_trl.core.metrics import pass_at_k
 from poise_trl.tasks import TaskError
-from poise_trl.tasks.humaneval import TASK, build_program, extract_code, pass_at_k
+from poise_trl.tasks.humaneval import TASK, build_program, extract_code
 
 needs_sandbox = pytest.mark.skipif(sandbox.detect_isolation() == "none",
                                    reason="neither bubblewrap nor unshare isolates here")
@@ -113,12 +114,13 @@ def test_scoring_rules_end_to_end():
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
+    # the pass@k `poise bench humaneval` reports (core.metrics)
     assert pass_at_k(10, 0, 1) == 0.0 and pass_at_k(10, 10, 5) == 1.0
     assert pass_at_k(2, 1, 1) == pytest.approx(0.5)
     assert pass_at_k(5, 2, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(5, 2))
     chen = 1 - math.prod(1 - 4 / i for i in range(18, 21))  # Chen et al.'s numerically stable form
     assert pass_at_k(20, 3, 4) == pytest.approx(chen)
-    with pytest.raises(ValueError, match="0 < k <= n"):
+    with pytest.raises(ValueError, match="1 <= k <= n"):
         pass_at_k(3, 1, 4)
 
 

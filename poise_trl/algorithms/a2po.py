@@ -47,8 +47,7 @@ class A2POArmConfig(A2POConfig):
 def completion_lengths(completion_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
     """(B, T) generated ids (prompt removed) -> tokens up to and including the first EOS (T where none)."""
     is_eos = torch.isin(completion_ids, torch.tensor(eos_token_ids, device=completion_ids.device))
-    first = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, completion_ids.shape[1])
-    return first
+    return torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, completion_ids.shape[1])
 
 
 @contextmanager

@@ -268,14 +268,6 @@ class AsyPPOTrainer(ProcessRewardMixin, GRPOSeam):
         self.log_metric("vapo/actor_frozen", float(self._actor_frozen()))
         return self.local_rows(g_adv)[:, :width]
 
-    def log_advantages(self, advantages, completion_mask) -> None:
-        # The base class gathers advantages[mask], whose length differs between ranks (a
-        # collective size mismatch under several processes); gather the padded (B, T) instead.
-        values = gather_padded(self.accelerator, advantages)
-        values = values[gather_padded(self.accelerator, completion_mask).bool()].float()
-        self.log_metric("advantages/mean", values.mean().item())
-        self.log_metric("advantages/std", values.std().item() if values.numel() > 1 else 0.0)
-
     def _log_critic_round(self, mask, critic_std, low, high, prior_value, value, targets, advantages, rewards,
                           raw_std) -> dict:
         """Log this round's critic diagnostics (global batch) and return them as a history record.

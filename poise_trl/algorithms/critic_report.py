@@ -10,16 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from poise_trl.algorithms.base import RunCallback
+from poise_trl.core.metrics import mean_or_none
 from poise_trl.core.provenance import pyplot, write_json
 
 SERIES = ("explained_variance", "explained_variance_prior", "explained_variance_first_token",
           "explained_variance_prior_first_token", "mc_sign_agreement", "advantage_raw_std", "adv_masked_fraction",
           "entropy_filtered_fraction", "value_loss")
-
-
-def _mean(values: list[float]) -> float | None:
-    finite = [v for v in values if v is not None and v == v]
-    return sum(finite) / len(finite) if finite else None
 
 
 def value_calibration(records: list[dict], key: str = "predicted_first_token", bins: int = 10) -> list[dict]:
@@ -42,7 +38,7 @@ def critic_report(history: list[dict]) -> dict:
     halves = {"first_half": history[:half], "second_half": history[half:]}
     return {
         "rounds": len(history),
-        "mean": {name: {k: _mean([r.get(k) for r in part]) for k in SERIES} for name, part in halves.items()},
+        "mean": {name: {k: mean_or_none([r.get(k) for r in part]) for k in SERIES} for name, part in halves.items()},
         "calibration_used": value_calibration(history),
         "calibration_prior": value_calibration(history, "prior_first_token"),
         "per_round": [{k: v for k, v in r.items() if not isinstance(v, list)} for r in history],

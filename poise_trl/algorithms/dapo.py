@@ -171,13 +171,12 @@ class DAPOTrainer(OverlongShapedAdvantages, ProcessRewardMixin, GRPOSeam):
         rows = [(g // groups_per_round, (g % groups_per_round) * group_size + j)
                 for g in groups for j in range(group_size)]
         merged = merge_batches(outputs, rows, self.processing_class.pad_token_id)
+        tool_mask = merged.get("tool_mask")
         if not all(in_loss):
             # TRL's loss mask is completion_mask * tool_mask: zero on the rows of groups out of the loss.
             weight = torch.tensor(in_loss, device=merged["completion_mask"].device).repeat_interleave(group_size)
-            tool_mask = merged.get("tool_mask")
             tool_mask = torch.ones_like(merged["completion_mask"]) if tool_mask is None else tool_mask
-            merged["tool_mask"] = tool_mask * weight.unsqueeze(1).to(tool_mask.dtype)
-        tool_mask = merged.get("tool_mask")
+            tool_mask = merged["tool_mask"] = tool_mask * weight.unsqueeze(1).to(tool_mask.dtype)
         loss_mask = merged["completion_mask"] if tool_mask is None else merged["completion_mask"] * tool_mask
         merged["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._log_dynamic_sampling(so_far, plans, target, len(outputs))

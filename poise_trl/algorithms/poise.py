@@ -18,7 +18,6 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOConfig
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import pad
 
 from poise_trl.algorithms.base import (
     CompareTable,
@@ -37,7 +36,7 @@ from poise_trl.core.metrics import calibration_bins, mean_or_none
 from poise_trl.core.provenance import package_versions, pyplot, write_json
 from poise_trl.probe.capture import extract_prompt_vectors
 from poise_trl.probe.estimator import PROBE_INPUTS, ProbeEstimator, probe_metrics
-from poise_trl.probe.features import FEATURE_SPANS, RolloutFeatures, decoder_layers, resolve_layer_index
+from poise_trl.probe.features import FEATURE_SPANS, RolloutFeatures, decoder_layers, pad_sequences, resolve_layer_index
 from poise_trl.seam.grpo import FEATURE_SOURCES, FeatureNeed, GRPOSeam
 from poise_trl.seam.trainer import checkpoint_folder
 
@@ -146,7 +145,8 @@ class POISEProbe:
         think_end = self.processing_class.convert_tokens_to_ids("</think>")
         # Without a `</think>` token the response vector pools the last completion tokens.
         self.think_end_id = think_end if think_end != self.processing_class.unk_token_id else -1
-        self.probe_layer_index = self._resolve_layer()
+        blocks = decoder_layers(self.accelerator.unwrap_model(self.model))
+        self.probe_layer_index = resolve_layer_index(len(blocks), cfg.probe_layer)
         self.feature_need = FeatureNeed(self.probe_layer_index, cfg.probe_pool_tokens, self.think_end_id,
                                         cfg.probe_span)
         self.probe_history: list[dict] = []
@@ -165,10 +165,6 @@ class POISEProbe:
         path, and there it takes milliseconds), else on the CPU."""
         device = self.accelerator.device
         return device if device.type == "cuda" else torch.device("cpu")
-
-    def _resolve_layer(self) -> int:
-        blocks = decoder_layers(self.accelerator.unwrap_model(self.model))
-        return resolve_layer_index(len(blocks), self.args.probe_layer)
 
     def select_round_prompts(self, inputs: list[dict]) -> list[dict]:
         self._step_floor = None
@@ -194,7 +190,9 @@ class POISEProbe:
         for _ in range(cfg.prompt_selection_pool - 1):
             candidates += [self.train_dataset[i] for i in next(self._selection_stream)]
             self.selection_batches_drawn += 1
-        prompt_ids, prompt_mask = self._tokenized_prompts([row["prompt"] for row in candidates])
+        # Tokenized exactly as TRL tokenizes for generation, left-padded.
+        prompt_ids, prompt_mask = pad_sequences(self.tokenize_prompts([row["prompt"] for row in candidates]),
+                                                self.processing_class.pad_token_id, left=True)
         with disable_gradient_checkpointing(self.model, cfg.gradient_checkpointing_kwargs):
             vectors = extract_prompt_vectors(self.model, prompt_ids, prompt_mask, self.probe_layer_index,
                                              cfg.per_device_train_batch_size, cfg.probe_pool_tokens)
@@ -209,13 +207,6 @@ class POISEProbe:
         self._step_floor = torch.tensor(from_floor)
         self._log_selection(predicted, chosen, len(candidates), int(prompt_mask.sum()))
         return [candidates[i] for i in chosen for _ in range(group_size)]
-
-    def _tokenized_prompts(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids and mask, tokenized exactly as TRL tokenizes for generation."""
-        ids = [torch.tensor(row) for row in self.tokenize_prompts(prompts)]
-        masks = [torch.ones_like(row) for row in ids]
-        pad_id = self.processing_class.pad_token_id
-        return pad(ids, padding_value=pad_id, padding_side="left"), pad(masks, padding_value=0, padding_side="left")
 
     def _log_selection(self, predicted: torch.Tensor, chosen: list[int], scored: int, prefill_tokens: int) -> None:
         scored_all, skipped_all, tokens_all = summed_over_processes(

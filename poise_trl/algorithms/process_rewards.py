@@ -196,9 +196,7 @@ class ProcessRewardMixin:
         gathered = [gather_padded(self.accelerator, t.to(device)) for t in (rewards, reward_mask, mask.float())]
         group_size = self.num_generations if cfg.process_reward_norm == "group" else None
         process = estimators.process_reward_advantages(*gathered, group_size=group_size)
-        n_local = mask.shape[0]
-        start = self.accelerator.process_index * n_local
-        process = process[start : start + n_local, : mask.shape[1]].to(outcome_tokens.dtype)
+        process = self.local_rows(process)[:, : mask.shape[1]].to(outcome_tokens.dtype)
         advantages = outcome_tokens + cfg.process_reward_coef * process
         self._log_process_diagnostics(outcome_tokens, advantages, mask, rewards, reward_mask, values)
         return advantages

@@ -124,8 +124,9 @@ def mean_and_stderr(values: list[float]) -> dict:
     return {"value": mean, "stderr": math.sqrt(var / len(values))}
 
 
-def mean_or_none(values: list[float]) -> float | None:
-    finite = [v for v in values if v == v]
+def mean_or_none(values: list[float | None]) -> float | None:
+    """The mean of the values that are neither None nor NaN; None when there are none."""
+    finite = [v for v in values if v is not None and v == v]
     return sum(finite) / len(finite) if finite else None
 
 

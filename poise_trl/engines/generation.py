@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from poise_trl.core.loading import load_causal_lm, load_tokenizer, require_chat_template
+from poise_trl.core.metrics import mean_and_stderr
 from poise_trl.tasks import by_task_means, row_verifiers, score_rows
 
 ENGINES = ("auto", "vllm", "transformers")
@@ -219,7 +220,6 @@ def sample_transformers(
                             num_tokens=length,
                             truncated=not ended,
                             token_ids=ids[:length],
-                            finish_reason="stop" if ended else "length",
                         )
                     )
                 samples.extend(batch)
@@ -446,11 +446,10 @@ def evaluate_accuracy(
                         [verifiers[s.prompt_index] for s in samples])
     for s, score in zip(samples, scores, strict=True):
         per_prompt[s.prompt_index] += score / num_samples
-    mean = sum(per_prompt) / len(per_prompt)
-    var = sum((p - mean) ** 2 for p in per_prompt) / max(1, len(per_prompt) - 1)
+    accuracy = mean_and_stderr(per_prompt)
     result = {
-        "accuracy": mean,
-        "stderr": math.sqrt(var / len(per_prompt)),
+        "accuracy": accuracy["value"],
+        "stderr": accuracy["stderr"],
         "num_prompts": len(per_prompt),
         "num_samples": num_samples,
         "mean_tokens": sum(s.num_tokens for s in samples) / len(samples),

@@ -43,7 +43,7 @@ from poise_trl.engines.generation import (
 )
 from poise_trl.evaluation.agent import AgentEngine, RecipeTools, Toolbox, task_tools, tool_calls
 from poise_trl.evaluation.bench import resolve_model
-from poise_trl.evaluation.bench_data import BENCHMARKS, data_fingerprint
+from poise_trl.evaluation.bench_data import BENCHMARKS, COLUMN_FLAG, data_fingerprint
 from poise_trl.evaluation.plots import plot_layer_sweep, plot_predictions, plot_transfer
 from poise_trl.evaluation.value_model import load_value_model, predict_value_model, train_value_model
 from poise_trl.probe.capture import extract_features
@@ -624,7 +624,7 @@ def run_probe_eval(settings: ProbeEvalSettings, show_progress: bool = True) -> d
     with _quiet_datasets():
         dataset = load_prompt_dataset(source, split=split, columns=s.columns, prompt_suffix=s.prompt_suffix,
                                       system_prompt=s.system_prompt, limit=s.limit, seed=s.seed,
-                                      column_option="--{role}-column COLUMN")
+                                      column_option=COLUMN_FLAG)
     n = s.n_samples
     tools = s.tools
     benchmark = BENCHMARKS.get(source) if isinstance(source, str) else None

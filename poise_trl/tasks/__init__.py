@@ -330,9 +330,8 @@ def load_prompt_dataset(source: str | Path | list, split: str | None = None, col
         task_split = split if split in ("test", "all") else "train"  # `all`: a fixed set whole (bfcl, ...)
         return datasets.Dataset.from_list(task_rows(str(source), task_split, limit, seed, task_config))
     refuse_near_miss(str(source))
-    options = {} if column_option is None else {"column_option": column_option}
     return prompts.load_math_dataset(source, split, columns, prompt_suffix, system_prompt, limit, seed, config,
-                                     **options)
+                                     column_option or prompts.RECIPE_COLUMN_OPTION)
 
 
 def row_verifiers(rows) -> tuple[list[str], list[str]]:

@@ -7,13 +7,12 @@ reimplemented (bfcl-eval's checker imports every model client). Details: docs/ta
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import re
 from importlib import resources
 
-from poise_trl.tasks.family import TaskError, TaskFamily, answer_part
+from poise_trl.tasks.family import TaskError, TaskFamily, answer_part, split_of
 
 # variant -> the category's name in BFCL's file names
 CATEGORIES = {
@@ -22,7 +21,6 @@ CATEGORIES = {
     "parallel": "parallel",
     "parallel_multiple": "parallel_multiple",
 }
-TEST_PERCENT = 20
 INSTALL_HINT = "pip install --no-deps bfcl-eval==2026.3.23"
 
 SYSTEM_PROMPT = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -126,10 +124,6 @@ def _category_rows(category: str) -> list[dict]:
         }
         for question in questions
     ]
-
-
-def split_of(row_id: str) -> str:
-    return "test" if int(hashlib.sha256(row_id.encode()).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
 
 
 def _categories(variant: str | None) -> list[str]:

@@ -18,8 +18,8 @@ import inspect
 import json
 import random
 
-from poise_trl.tasks.bfcl import INSTALL_HINT, _read_jsonl, parse_tool_calls, split_of, tools_system_prompt
-from poise_trl.tasks.family import TaskError, TaskFamily
+from poise_trl.tasks.bfcl import INSTALL_HINT, _read_jsonl, parse_tool_calls, tools_system_prompt
+from poise_trl.tasks.family import TaskError, TaskFamily, split_of
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 # BFCL's line where a held-out function becomes available (constants/default_prompts.py)

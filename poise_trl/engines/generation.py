@@ -430,16 +430,14 @@ def evaluate_accuracy(
     max_new_tokens: int = 256,
     seed: int = 0,
     keep_per_prompt: bool = False,
-    play: Callable | None = None,
 ) -> dict:
     """Avg@num_samples on a prompt dataset (task rows scored by their own verifier), with its standard error.
 
     Overall, per level and per task; with `keep_per_prompt`, each prompt's Avg@k (`poise compare` pairs them).
-    With tools, `play` (`ToolRuntime.play`) samples whole conversations, scored on their last reply.
+    With tools, `engine` is an `evaluation.agent.AgentEngine`: whole conversations, scored on their last reply.
     """
     sampling = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
-    samples = (play(engine, dataset, num_samples, **sampling) if play is not None
-               else engine.sample(dataset["prompt"], num_samples, **sampling))
+    samples = engine.sample(dataset["prompt"], num_samples, **sampling)
     per_prompt = [0.0] * len(dataset)
     tasks, verifiers = row_verifiers(dataset)  # math rows: one round trip to the grading worker for them all
     scores = score_rows([s.text for s in samples], [tasks[s.prompt_index] for s in samples],

@@ -27,11 +27,7 @@ from transformers import TrainerCallback
 
 from poise_trl.core.distributed import summed_over_processes
 from poise_trl.core.loading import RecipeError, import_callable
-from poise_trl.engines.generation import Sample
 from poise_trl.engines.tool_worker import CallTimeout, ToolError, Worker
-from poise_trl.tasks.bfcl import parse_tool_calls
-
-PLAY_POOL = 16  # environments a held-out evaluation plays at once when training made fewer
 
 
 def _signature(function, bound: bool) -> inspect.Signature:
@@ -69,7 +65,6 @@ class ToolRuntime:
         self.workers: list[Worker] = []
         self.functions: list = []  # the stand-ins of the tools, and of the environment class, as TRL gets them
         self.environment_class = None
-        self.environments: list = []  # every stand-in environment made: training's pool, which `play` shares
         self.trainer = None
         self.calls = self.errors = self.timeouts = 0
         self.turns: list[int] = []
@@ -127,7 +122,6 @@ class ToolRuntime:
         def __init__(stand_in):
             stand_in.worker = runtime.worker("environment", [path])
             stand_in.row = {}
-            runtime.environments.append(stand_in)
 
         def reset(stand_in, **row):
             stand_in.row = row
@@ -161,61 +155,6 @@ class ToolRuntime:
                 members[name] = method(function)
         self.environment_class = type(environment_class.__name__, (), members)
         return self.environment_class
-
-    def play(self, engine, dataset, num_samples: int, max_turns: int, seed: int = 0, **sampling) -> list[Sample]:
-        """Held-out conversations played as TRL plays a training rollout: each prompt's `num_samples` conversations,
-        the model's tool calls answered by the tools and an environment reset with the row (the pool training made,
-        `pool_size` conversations at a time), until a reply calls nothing or `max_turns` tool turns ran. A failed call
-        answers `{'error': ...}`, as in TRL's loop. One `Sample` per conversation: the last reply's text, the tokens
-        of all the model's replies."""
-        counts = self.calls, self.errors, self.timeouts  # an evaluation's calls are not the training step's
-        rows = dataset.to_list()
-        jobs = [index for index in range(len(rows)) for _ in range(num_samples)]
-        pool_size = max(len(self.environments), PLAY_POOL) if self.environment_class else len(jobs)
-        samples = []
-        for start in range(0, len(jobs), pool_size):
-            chunk = jobs[start:start + pool_size]
-            while self.environment_class and len(self.environments) < len(chunk):
-                self.environment_class()
-            tools = [{**{f.__name__: f for f in self.functions},
-                      **({name: getattr(env, name) for name in vars(self.environment_class)
-                          if not name.startswith("_") and name not in ("reset", "get_reward")} if env else {})}
-                     for env in (self.environments[:len(chunk)] if self.environment_class else [None] * len(chunk))]
-            for index, env in zip(chunk, self.environments, strict=False):
-                env.reset(**rows[index])
-            conversations = [list(rows[index]["prompt"]) for index in chunk]
-            replies: list[list[Sample]] = [[] for _ in chunk]
-            active = list(range(len(chunk)))
-            for turn in range(max_turns + 1):
-                out = engine.sample([conversations[i] for i in active], 1, seed=seed + turn,
-                                    chat_template_kwargs={"tools": list(tools[0].values())}, **sampling)
-                calling = []
-                for i, sample in zip(active, out, strict=True):
-                    replies[i].append(sample)
-                    conversations[i].append({"role": "assistant", "content": sample.text})
-                    calls = None if sample.truncated or turn == max_turns else parse_tool_calls(sample.text)
-                    for name, arguments in (pair for call in calls or [] for pair in call.items()):
-                        conversations[i].append({"role": "tool", "name": name,
-                                                 "content": self.answer(tools[i], name, arguments)})
-                    calling += [i] if calls else []
-                active = calling
-                if not active:
-                    break
-            samples += [Sample(index, turns[-1].text, sum(s.num_tokens for s in turns), turns[-1].truncated,
-                               [t for s in turns for t in s.token_ids])
-                        for index, turns in zip(chunk, replies, strict=True)]
-        self.calls, self.errors, self.timeouts = counts
-        return samples
-
-    @staticmethod
-    def answer(tools: dict, name: str, arguments: dict) -> str:
-        """A tool's answer to one call, or the error TRL's loop would give the model."""
-        try:
-            if name not in tools:
-                raise ValueError(f"Tool {name} not found.")
-            return str(tools[name](**arguments))
-        except Exception as exc:  # noqa: BLE001 - the model reads it, as in TRL's tool loop
-            return str({"error": str(exc)})
 
     def counting_turns(self, reward_funcs: list) -> list:
         """The reward functions, the first plain one wrapped to count each training rollout's assistant turns from

@@ -79,7 +79,8 @@ class Toolbox:
 
     def __init__(self, tokenizer, recipe: RecipeTools | None = None):
         self.recipe = recipe or RecipeTools()
-        self.tokenizer = add_response_schema(tokenizer) if recipe else tokenizer
+        parses = any(getattr(tokenizer, name, None) is not None for name in ("response_template", "response_schema"))
+        self.tokenizer = add_response_schema(tokenizer) if recipe and not parses else tokenizer  # as TRL: kept if set
         self.runtime = ToolRuntime(list(self.recipe.tools), self.recipe.environment, self.recipe.timeout_s,
                                    self.recipe.result_tokens, tokenizer)
         functions = [import_callable(path, "tool") for path in self.recipe.tools]

@@ -5,7 +5,6 @@ the tests and the benchmarks all build through `build_run`; nothing is written h
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import tempfile
@@ -28,6 +27,7 @@ from poise_trl.core.loading import (
 from poise_trl.engines.generation import keep_cpu_engine_weights_reloadable, resolve_engine
 from poise_trl.engines.tools import ToolRuntime, environment_class
 from poise_trl.engines.vllm_server import LocalServer
+from poise_trl.evaluation.agent import RecipeTools, Toolbox
 from poise_trl.run.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
 from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
@@ -202,7 +202,9 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
         eval_set, tokenizer, every=settings.eval_every, num_samples=settings.eval_num_samples,
         temperature=settings.eval_temperature, max_new_tokens=settings.eval_max_new_tokens,
         batch_size=settings.eval_batch_size, seed=args.seed, budget=budget, resume_from=run.resume_from,
-        play=tool_runtime and functools.partial(tool_runtime.play, max_turns=args.max_tool_calling_iterations),
+        toolbox=tool_runtime and Toolbox(tokenizer, RecipeTools(
+            tuple(tool_runtime.tool_paths), settings.environment, args.max_tool_calling_iterations,
+            settings.tool_result_tokens, settings.tool_timeout)),
     )
     callbacks = [*(callbacks or []), run.eval_callback] + (
         [RichProgressCallback(run.eval_callback)] if show_progress else [])

@@ -17,10 +17,12 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from poise_trl.algorithms.base import BudgetHolder
 from poise_trl.core.provenance import write_json
 from poise_trl.engines.generation import colocated_vllm, evaluate_accuracy, training_engine
+from poise_trl.evaluation.agent import AgentEngine, Toolbox
 from poise_trl.run.run_folder import write_checkpoint_marker
 from poise_trl.seam.trainer import checkpoint_folder
 
 LEDGER_FILE = "heldout_ledger.json"
+HELD_OUT_CONVERSATIONS = 16  # held-out tool-calling conversations played at once, each with its environment worker
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,9 @@ class HeldOutEvalCallback(BudgetHolder):
 
     def __init__(self, dataset, tokenizer, every: int, num_samples: int, temperature: float,
                  max_new_tokens: int, batch_size: int, seed: int, budget: Budget | None = None,
-                 resume_from: str | None = None, play=None):
+                 resume_from: str | None = None, toolbox: Toolbox | None = None):
         self.dataset = dataset
-        self.play = play  # with tools: `ToolRuntime.play`, whole conversations
+        self.toolbox = toolbox  # with tools: whole conversations, as TRL's tool loop plays a training rollout
         self.tokenizer = tokenizer
         self.every = every
         self.sample_kwargs = dict(num_samples=num_samples, temperature=temperature, max_new_tokens=max_new_tokens)
@@ -100,8 +102,9 @@ class HeldOutEvalCallback(BudgetHolder):
         # The run's seed samples every evaluation: differences between points come from the policy, not
         # the draw; runs of other seeds draw afresh, arms of one seed share it (`poise compare` pairs them).
         engine = training_engine(self.trainer, model, self.tokenizer, self.batch_size)
-        result = evaluate_accuracy(engine, self.dataset, seed=self.seed, keep_per_prompt=True, play=self.play,
-                                   **self.sample_kwargs)
+        if self.toolbox is not None:  # each conversation holds an environment instance: a pool's worth at a time
+            engine = AgentEngine(engine, self.toolbox, self.dataset.to_list(), chunk=HELD_OUT_CONVERSATIONS)
+        result = evaluate_accuracy(engine, self.dataset, seed=self.seed, keep_per_prompt=True, **self.sample_kwargs)
         result.update(step=state.global_step, generated_tokens=self.spent("tokens"),
                       generated_rollouts=self.spent("rollouts"), train_seconds=round(self.train_seconds, 3),
                       seconds=round(time.time() - started, 2), **extra)
@@ -201,6 +204,8 @@ class HeldOutEvalCallback(BudgetHolder):
         self._push_weights_to_engine()
         if self._evaluates_here(state):
             self._run_evaluation(state, model)
+        if self.toolbox is not None:
+            self.toolbox.close()
 
     @property
     def latest(self) -> dict | None:

@@ -6,7 +6,6 @@ The model class is the real `Qwen3ForCausalLM`, so every code path is the one a 
 
 from __future__ import annotations
 
-import functools
 import gzip
 import json
 import random
@@ -34,7 +33,7 @@ from trl.chat_template_utils import qwen3_chat_template, qwen3_template
 from poise_trl.core.loading import BUNDLED_DATA
 from poise_trl.core.provenance import package_versions
 from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
-from poise_trl.engines.tools import ToolRuntime
+from poise_trl.evaluation.agent import AgentEngine, RecipeTools, Toolbox
 from poise_trl.tasks import load_prompt_dataset, task_rows, toolworld, toy_task
 
 # Qwen3's own chat format, reduced to what the toy needs; `{% generation %}` marks assistant
@@ -538,6 +537,7 @@ TOOLWORLD_CHAT_TEMPLATE = (
 TOOLWORLD_ENVIRONMENT = "poise_trl.tasks.toolworld:ToolWorld"
 TOOLWORLD_SLIP_RATE = 0.15  # per number the model copies (value, addend, sum): about 0.6 of its answers right
 TOOLWORLD_EVAL_ROWS = 100
+TOOLWORLD_CONVERSATION_TOKENS = 320  # two calls, their results and the answer: about 260 characters
 
 
 def toolworld_tokenizer() -> PreTrainedTokenizerFast:
@@ -608,13 +608,13 @@ def build_toolworld_model(
     model.eval()
     held_out = load_prompt_dataset("toolworld", split="test", limit=eval_rows, seed=seed)
     engine = TransformersEngine(model, tokenizer, batch_size=128)
-    runtime = ToolRuntime([], TOOLWORLD_ENVIRONMENT, 10.0, 64, tokenizer)
-    runtime.environment_factory(toolworld.ToolWorld)
-    sampling = dict(num_samples=eval_samples, temperature=1.0, max_new_tokens=96, seed=seed)
-    try:
-        with_tools = evaluate_accuracy(engine, held_out, play=functools.partial(runtime.play, max_turns=2), **sampling)
+    sampling = dict(num_samples=eval_samples, temperature=1.0, seed=seed)
+    toolbox = Toolbox(tokenizer, RecipeTools(environment=TOOLWORLD_ENVIRONMENT, max_turns=2, result_tokens=64))
+    try:  # a conversation's budget holds its replies and the tool results, as the recipes' max_completion_length
+        with_tools = evaluate_accuracy(AgentEngine(engine, toolbox, held_out.to_list(), chunk=16), held_out,
+                                       max_new_tokens=TOOLWORLD_CONVERSATION_TOKENS, **sampling)
     finally:
-        runtime.close()
+        toolbox.close()
     card = {
         "name": "tiny-qwen3-toolworld",
         "architecture": "Qwen3ForCausalLM",
@@ -627,7 +627,7 @@ def build_toolworld_model(
         "build_seconds": round(time.time() - started, 1),
         "torch_threads": torch.get_num_threads(),
         "heldout_sampled_accuracy": with_tools,
-        "heldout_accuracy_without_tools": evaluate_accuracy(engine, held_out, **sampling),
+        "heldout_accuracy_without_tools": evaluate_accuracy(engine, held_out, max_new_tokens=96, **sampling),
         "versions": package_versions(),
     }
     save_world(model, tokenizer, output_dir, card, _toolworld_card(card))

@@ -41,6 +41,13 @@ class RLOOConfig(GRPOArmConfig):
 class OutcomeAdvantages:
     """The recipe's outcome advantages, on either seam (`GRPOSeam`, `AsyncGRPOSeam`)."""
 
+    @staticmethod
+    def off_policy_conflict(config) -> str | None:
+        if config.advantage is None and config.scale_rewards != "group":
+            return (f"advantage: null keeps its worker's group-std-scaled advantages, not scale_rewards "
+                    f"{config.scale_rewards!r}: name one, e.g. advantage: group_mean")
+        return None
+
     def compute_advantages(self, rewards, output):
         if self.args.advantage is None:
             return None

@@ -116,6 +116,14 @@ def merge_batches(outputs: list[dict], rows: list[tuple[int, int]], pad_token_id
 class OverlongShapedAdvantages:
     """GRPO advantages on overlong-shaped rewards (Eq. 13), on either seam (`GRPOSeam`, `AsyncGRPOSeam`)."""
 
+    @staticmethod
+    def off_policy_conflict(config) -> str | None:
+        if config.dynamic_sampling:
+            return ("its rollout worker streams prompts, and DAPO's dynamic sampling needs a round to draw more "
+                    "into: set dynamic_sampling: false (clip-higher, the token-level loss and overlong shaping run "
+                    "so)")
+        return None
+
     def compute_advantages(self, rewards, output):
         cfg = self.args
         if cfg.overlong_buffer_length > 0:
@@ -132,7 +140,7 @@ class OverlongShapedAdvantages:
 class DAPOTrainer(OverlongShapedAdvantages, ProcessRewardMixin, GRPOSeam):
     """GRPO advantages on overlong-shaped rewards, with dynamic sampling of groups with 0 < #correct < G."""
 
-    async_events = OverlongShapedAdvantages  # with dynamic sampling off (`seam.async_grpo.off_policy_conflict`)
+    async_events = OverlongShapedAdvantages  # with dynamic sampling off
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

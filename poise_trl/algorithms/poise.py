@@ -126,6 +126,14 @@ class POISEProbe:
     """POISE's probe, its baselines and prompt selection: the events of `POISETrainer`, and, off-policy, of the
     asynchronous seam (`async_events`, where no prompts are selected: the rollout worker streams them)."""
 
+    @staticmethod
+    def off_policy_conflict(config) -> str | None:
+        if config.prompt_selection:
+            return "its rollout worker streams the prompts, none are selected: set prompt_selection: false"
+        if config.probe_domain_column:
+            return "its rollout worker hands back prompts without their dataset columns: remove probe_domain_column"
+        return None
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         cfg = self.args

@@ -154,7 +154,7 @@ def asynchronous_run(settings, algorithm, args, model_path: str, rollout: dict):
     resolve_engine("vllm")  # one line when vLLM is missing or broken
     from poise_trl.seam import async_grpo  # noqa: PLC0415 (TRL's experimental trainer loads vLLM's client)
 
-    conflict = async_grpo.off_policy_conflict(args)
+    conflict = async_grpo.off_policy_conflict(args, events)
     if conflict:
         raise RecipeError(f"async: true: {conflict}")
     server = None if args.vllm_server_base_url else LocalServer(model_path, Path(tempfile.mkstemp(

@@ -371,8 +371,9 @@ def async_config(config, max_staleness: int, server_url: str) -> AsyncGRPOConfig
     return converted
 
 
-def off_policy_conflict(config) -> str | None:
-    """What of an algorithm's config TRL's asynchronous trainer cannot do, and the fix (None: nothing)."""
+def off_policy_conflict(config, events: type) -> str | None:
+    """What of an algorithm's config TRL's asynchronous trainer cannot do, and the fix (None: nothing): what no
+    algorithm can do so, then what its `events` class refuses of its own settings (`off_policy_conflict`)."""
     get = lambda name, default=None: getattr(config, name, default)  # noqa: E731 (each config has some fields)
     if get("beta", 0.0):
         return "beta is not 0, but the asynchronous trainer has no reference model and no KL term: set beta: 0"
@@ -382,16 +383,7 @@ def off_policy_conflict(config) -> str | None:
         return "it takes one optimizer step per rollout batch: set num_iterations: 1"
     if any(weight != 1 for weight in get("reward_weights") or []):
         return "its rollout worker sums the reward functions unweighted: remove reward_weights"
-    if get("dynamic_sampling", False):
-        return ("its rollout worker streams prompts, and DAPO's dynamic sampling needs a round to draw more into: "
-                "set dynamic_sampling: false (clip-higher, the token-level loss and overlong shaping run so)")
     if get("process_rewards", False):
         return "it takes one advantage per rollout, not per-token process advantages: set process_rewards: false"
-    if get("prompt_selection", False):
-        return "its rollout worker streams the prompts, none are selected: set prompt_selection: false"
-    if get("probe_domain_column"):
-        return "its rollout worker hands back prompts without their dataset columns: remove probe_domain_column"
-    if hasattr(config, "advantage") and config.advantage is None and get("scale_rewards") != "group":
-        return (f"advantage: null keeps its worker's group-std-scaled advantages, not scale_rewards "
-                f"{get('scale_rewards')!r}: name one, e.g. advantage: group_mean")
-    return None
+    own = getattr(events, "off_policy_conflict", None)
+    return own(config) if own else None

@@ -111,7 +111,9 @@ def main() -> None:
     provenance = {"code_version": commit.stdout.strip(), "versions": package_versions(), "machine": {
         "cpu_count": os.cpu_count(), "platform": platform.platform(),
         "note": "2 shared CPU cores (other engineers' jobs ran beside it), 1-2 torch threads, no GPU"}}
-    worlds = {stage: {key: card[key] for key in ("sft", "build_seconds", "train_seconds", "base_model")}
+    worlds = {stage: {**{key: card[key] for key in ("sft", "build_seconds", "train_seconds", "base_model")},
+                      "held_out_with_tools": card["heldout_sampled_accuracy"]["accuracy"],  # each stage's card
+                      "held_out_without_tools": card["heldout_accuracy_without_tools"]["accuracy"]}
               for stage, card in world.items()}
     start = {"tools_off_baseline": held_out(model, args.seeds, BASELINE)}  # with tools: the runs' own start
     if args.build_only:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from poise_trl.core.provenance import package_versions, write_json
-from poise_trl.run.recipe import load_recipe, parse_recipe
+from poise_trl.run.recipe import load_recipe, parse_recipe, tool_limits
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {name: ROOT / "recipes" / "toy" / f"{name}.yaml" for name in ("grpo_toolworld", "poise_toolworld")}
@@ -68,9 +68,7 @@ def held_out(model: Path, seeds: int, recipe: Path) -> dict:
     engine = TransformersEngine(AutoModelForCausalLM.from_pretrained(model), tokenizer, batch_size=128)
     plan = parse_recipe(load_recipe(recipe, [f"model={model}"]))
     settings = plan.settings
-    toolbox = settings.environment and Toolbox(tokenizer, RecipeTools(
-        (), settings.environment, plan.args.max_tool_calling_iterations, settings.tool_result_tokens,
-        settings.tool_timeout))
+    toolbox = settings.environment and Toolbox(tokenizer, RecipeTools(**tool_limits(plan.recipe)))
     by_seed = {}
     for seed in range(seeds):
         _, eval_set = load_datasets(settings, seed)

@@ -29,7 +29,7 @@ from poise_trl.engines.tools import ToolRuntime, environment_class
 from poise_trl.engines.vllm_server import LocalServer
 from poise_trl.evaluation.agent import RecipeTools, Toolbox
 from poise_trl.run.callbacks import Budget, CheckpointMarkerCallback, HeldOutEvalCallback, RichProgressCallback
-from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings
+from poise_trl.run.recipe import RecipeError, RunPlan, RunSettings, tool_limits
 from poise_trl.run.run_folder import RunFolder, plan_output_dir
 from poise_trl.seam.grpo import GRPOSeam
 from poise_trl.seam.vllm import server_generation
@@ -202,9 +202,7 @@ def build_run(plan: RunPlan, *, overwrite: bool = False, show_progress: bool = F
         eval_set, tokenizer, every=settings.eval_every, num_samples=settings.eval_num_samples,
         temperature=settings.eval_temperature, max_new_tokens=settings.eval_max_new_tokens,
         batch_size=settings.eval_batch_size, seed=args.seed, budget=budget, resume_from=run.resume_from,
-        toolbox=tool_runtime and Toolbox(tokenizer, RecipeTools(
-            tuple(tool_runtime.tool_paths), settings.environment, args.max_tool_calling_iterations,
-            settings.tool_result_tokens, settings.tool_timeout)),
+        toolbox=tool_runtime and Toolbox(tokenizer, RecipeTools(**tool_limits(plan.recipe))),
     )
     callbacks = [*(callbacks or []), run.eval_callback] + (
         [RichProgressCallback(run.eval_callback)] if show_progress else [])

@@ -172,13 +172,18 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
 
 
 def recipe_tools(path: str | Path) -> dict:
-    """A recipe's tools, environment and their limits, as the evaluation tools run them
-    (`evaluation.agent.RecipeTools`)."""
+    """`tool_limits` of the recipe at `path`, refused in one line when it has no tools to evaluate with."""
     recipe = load_recipe(path)
-    tools = recipe.get("tools") or ()
-    if not tools and not recipe.get("environment"):
+    if not recipe.get("tools") and not recipe.get("environment"):
         raise RecipeError(f"recipe {path} has no tools and no environment to evaluate with: give one that has "
                           "(tools: [module:function] or environment: module:Class)")
+    return tool_limits(recipe)
+
+
+def tool_limits(recipe: dict) -> dict:
+    """A recipe's tools, environment and their limits, as the evaluation tools run them
+    (`evaluation.agent.RecipeTools`): `poise bench --tools-from` and a run's held-out evaluation."""
+    tools = recipe.get("tools") or ()
     return {"tools": (tools,) if isinstance(tools, str) else tuple(tools), "environment": recipe.get("environment"),
             "max_turns": recipe.get("max_tool_calling_iterations") or DEFAULT_TOOL_TURNS,
             "result_tokens": recipe.get("tool_result_tokens", RunSettings.tool_result_tokens),

@@ -34,6 +34,7 @@ from poise_trl.core.loading import BUNDLED_DATA
 from poise_trl.core.provenance import package_versions
 from poise_trl.engines.generation import TransformersEngine, evaluate_accuracy
 from poise_trl.evaluation.agent import AgentEngine, RecipeTools, Toolbox
+from poise_trl.run.callbacks import HELD_OUT_CONVERSATIONS
 from poise_trl.tasks import load_prompt_dataset, task_rows, toolworld, toy_task
 
 # Qwen3's own chat format, reduced to what the toy needs; `{% generation %}` marks assistant
@@ -611,8 +612,9 @@ def build_toolworld_model(
     sampling = dict(num_samples=eval_samples, temperature=1.0, seed=seed)
     toolbox = Toolbox(tokenizer, RecipeTools(environment=TOOLWORLD_ENVIRONMENT, max_turns=2, result_tokens=64))
     try:  # a conversation's budget holds its replies and the tool results, as the recipes' max_completion_length
-        with_tools = evaluate_accuracy(AgentEngine(engine, toolbox, held_out.to_list(), chunk=16), held_out,
-                                       max_new_tokens=TOOLWORLD_CONVERSATION_TOKENS, **sampling)
+        conversations = AgentEngine(engine, toolbox, held_out.to_list(), chunk=HELD_OUT_CONVERSATIONS)
+        with_tools = evaluate_accuracy(conversations, held_out, max_new_tokens=TOOLWORLD_CONVERSATION_TOKENS,
+                                       **sampling)
     finally:
         toolbox.close()
     card = {
